@@ -1,0 +1,233 @@
+// vmmc/core/context.h: one process's VMMC endpoint.
+//
+// The model (see DESIGN.md): a process *exports* a region of its memory with
+// rights and an importer restriction; another process *imports* it by
+// (exporter address, export name) and then *sends* bytes into it (deliberate
+// update) or *fetches* bytes from it. There is no receive call: data simply
+// appears in the exporter's memory. A send may carry a *notification*, which
+// runs the exporter's handler for that export after the data is in place.
+//
+// Paths are invisible to the model: a same-host importer of memory allocated
+// with `context::allocate` maps it and copies at user level; every other case
+// goes through libfabric RMA (shm on this host, tcp/verbs/... across hosts).
+//
+// Thread safety: every member function may be called from any thread.
+// Notification handlers run in the thread that calls poll_notifications() or
+// wait_notifications(), never concurrently with each other.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "vmmc/core/error.h"
+
+namespace vmmc::core {
+
+enum class rights : std::uint8_t { none = 0, write = 1, read = 2, read_write = 3 };
+constexpr rights operator|(rights a, rights b) {
+  return static_cast<rights>(static_cast<unsigned>(a) | static_cast<unsigned>(b));
+}
+constexpr bool has_right(rights granted, rights wanted) {
+  return (static_cast<unsigned>(granted) & static_cast<unsigned>(wanted)) ==
+         static_cast<unsigned>(wanted);
+}
+
+// Who may import an export. Checked by the exporter's library when the import
+// request arrives; a refused import returns errc::permission_denied.
+struct import_policy {
+  enum class kind : std::uint8_t {
+    same_user,    // any process whose uid equals the exporter's (the default)
+    named_peers,  // only processes whose address blob is listed in `peers`
+    anyone,       // no restriction
+  };
+  kind who = kind::same_user;
+  std::vector<std::string> peers;
+
+  static import_policy same_user() { return {}; }
+  static import_policy anyone() { return {kind::anyone, {}}; }
+  static import_policy only(std::vector<std::string> addresses) {
+    return {kind::named_peers, std::move(addresses)};
+  }
+};
+
+struct notification {
+  std::uint32_t export_id;  // the receiving export's handle value
+  std::uint64_t offset;     // where the data of the carrying send starts in the export
+  std::uint64_t length;     // how many bytes that send wrote
+  std::uint64_t value;      // the sender's user value
+};
+using notification_handler = std::function<void(const notification&)>;
+
+struct export_options {
+  rights allowed = rights::write;
+  import_policy policy = import_policy::same_user();
+  notification_handler on_notify;  // may be empty: notifications are then counted and dropped
+};
+
+// Handles are small values; a released handle is never reissued with the same
+// value during the context's lifetime, so stale use returns errc::unknown_handle.
+struct export_handle {
+  std::uint32_t id = 0;
+  friend bool operator==(export_handle, export_handle) = default;
+};
+struct import_handle {
+  std::uint64_t id = 0;
+  friend bool operator==(import_handle, import_handle) = default;
+};
+struct request {
+  std::uint64_t id = 0;
+  friend bool operator==(request, request) = default;
+};
+
+struct import_info {
+  std::uint64_t length;
+  rights allowed;
+};
+
+struct send_options {
+  bool notify = false;       // run the exporter's handler after the data is in place
+  std::uint64_t value = 0;   // user value carried by the notification
+};
+
+// What an asynchronous operation reports when it finishes.
+struct completion {
+  void* user_context;     // as passed to send_async / fetch_async
+  std::error_code error;  // empty on success
+};
+
+// A block of memory that same-host importers can map. Exporting a range of it
+// lets those importers copy straight into it at user level. Move-only; the
+// memory is unmapped when the last owner (this handle or a live export of it)
+// goes away.
+class mappable_buffer {
+ public:
+  mappable_buffer() = default;
+  mappable_buffer(mappable_buffer&&) noexcept;
+  mappable_buffer& operator=(mappable_buffer&&) noexcept;
+  ~mappable_buffer();
+
+  std::byte* data() const noexcept { return data_; }
+  std::size_t size() const noexcept { return size_; }
+
+ private:
+  friend class context;
+  std::byte* data_ = nullptr;
+  std::size_t size_ = 0;
+  std::shared_ptr<void> segment_;
+};
+
+struct context_options {
+  // libfabric providers to open, in order of preference for remote peers;
+  // empty means the setting VMMC_CORE_PROVIDERS (default "shm,tcp").
+  std::vector<std::string> providers;
+  // Use the mapped (user-level copy) path for same-host peers; unset means the
+  // setting VMMC_CORE_MAPPED (default on).
+  int mapped_path = -1;
+};
+
+struct counters {
+  std::uint64_t sends, fetches, notifications_sent, notifications_received;
+  std::uint64_t bytes_sent, bytes_fetched;
+  std::uint64_t utlb_lookups, utlb_hits, utlb_misses, utlb_registrations, utlb_evictions;
+  std::uint64_t utlb_bytes_registered;
+};
+
+class context {
+ public:
+  // Opens the configured providers and starts the control listener.
+  // Errors: unreachable (no provider could be opened), system_error.
+  static result<context> create(const context_options& options = {});
+
+  context(context&&) noexcept;
+  context& operator=(context&&) noexcept;
+  ~context();  // unexports everything; importers see peer_gone.
+
+  // Printable, opaque address of this process (ASCII, no whitespace). Upper
+  // layers exchange it in-band; import_buffer takes it back.
+  const std::string& address() const noexcept;
+
+  // Memory that same-host importers may map. Errors: invalid_argument (0 bytes),
+  // resource_exhausted.
+  result<mappable_buffer> allocate(std::size_t bytes);
+
+  // --- exporting ---------------------------------------------------------
+  // Offers [base, base+length) under `name`. Errors: invalid_argument (null,
+  // zero length, empty name or name over 255 bytes), already_exists,
+  // fabric_error (registration refused).
+  result<export_handle> export_buffer(std::string_view name, void* base, std::size_t length,
+                                      export_options options = {});
+  // Withdraws the export; later operations of its importers fail with
+  // unknown_handle or peer_gone. Errors: unknown_handle.
+  status unexport_buffer(export_handle handle);
+
+  // --- importing ---------------------------------------------------------
+  // Asks the exporter at `peer_address` for `name`. Errors: invalid_argument
+  // (malformed address), unknown_export, permission_denied, peer_gone,
+  // unreachable, timed_out, protocol_error.
+  result<import_handle> import_buffer(std::string_view peer_address, std::string_view name,
+                                      std::chrono::milliseconds timeout = std::chrono::seconds(5));
+  status unimport_buffer(import_handle handle);
+  result<import_info> describe(import_handle handle) const;
+
+  // --- deliberate update and fetch ---------------------------------------
+  // Every range and right is checked before anything is posted; a rejected
+  // call changes no byte anywhere. Errors: unknown_handle, out_of_range,
+  // permission_denied, invalid_argument, peer_gone, fabric_error.
+  //
+  // send: returns when `source` may be reused and the data is on its way in
+  // order behind earlier sends to the same peer.
+  status send(import_handle to, std::uint64_t offset, const void* source, std::size_t length,
+              send_options options = {});
+  // fetch: returns when `destination` holds the bytes.
+  status fetch(import_handle from, std::uint64_t offset, void* destination, std::size_t length);
+
+  // Asynchronous forms: the buffer must stay untouched until the request
+  // completes. The same errors are returned immediately when the call is
+  // rejected before posting, or later through wait()/test().
+  result<request> send_async(import_handle to, std::uint64_t offset, const void* source,
+                             std::size_t length, send_options options = {},
+                             void* user_context = nullptr);
+  result<request> fetch_async(import_handle from, std::uint64_t offset, void* destination,
+                              std::size_t length, void* user_context = nullptr);
+  // Finished? Returns the completion once (the request is then released), or
+  // errc::would_block while it is in flight; unknown_handle for a request that
+  // was never issued or was already reported.
+  result<completion> test(request r);
+  result<completion> wait(request r,
+                          std::chrono::milliseconds timeout = std::chrono::milliseconds::max());
+
+  // --- notifications -----------------------------------------------------
+  // Runs handlers of notifications that have arrived; returns how many ran.
+  std::size_t poll_notifications();
+  // Like poll_notifications, but blocks up to `timeout` for the first one
+  // (busy-polls briefly, then sleeps). Errors: timed_out.
+  result<std::size_t> wait_notifications(std::chrono::milliseconds timeout);
+  // A descriptor that becomes readable when notifications may be pending, for
+  // poll/epoll loops. Before sleeping on it, call prepare_wait(): it returns
+  // false when something is already pending (then poll instead of sleeping).
+  int notification_fd() const noexcept;
+  bool prepare_wait();
+
+  // Drives outstanding transfers; needed only by callers that busy-wait on
+  // memory instead of using notifications or wait().
+  void progress();
+
+  counters stats() const;
+  // Which path an import uses ("mapped", "fabric:shm", "fabric:tcp;ofi_rxm");
+  // for diagnostics and benchmarks only. Errors: unknown_handle.
+  result<std::string> path_of(import_handle handle) const;
+
+  class impl;
+
+ private:
+  explicit context(std::unique_ptr<impl> p);
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace vmmc::core

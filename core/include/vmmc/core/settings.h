@@ -1,0 +1,55 @@
+// vmmc/core/settings.h: runtime settings, declared once per layer.
+//
+// Each layer declares a table of settings (name, type, default, help). A value
+// comes from the environment variable VMMC_<LAYER>_<NAME> or else the default.
+// `vmmc-settings` prints every registered table with current values.
+// Thread safety: tables are registered during static initialisation; reads
+// are safe from any thread.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace vmmc::core {
+
+enum class setting_type { boolean, integer, bytes, string };
+
+struct setting {
+  std::string_view layer;          // "core", "sockets", ...
+  std::string_view name;           // "utlb_limit"
+  setting_type type;
+  std::string_view default_value;  // as it would be written in the environment
+  std::string_view help;
+};
+
+// "VMMC_CORE_UTLB_LIMIT" for {core, utlb_limit}.
+std::string environment_name(const setting& s);
+// The raw text: the environment's value, else the default.
+std::string setting_text(const setting& s);
+// Typed reads. Malformed values fall back to the default and are reported on
+// stderr once. bytes accepts suffixes k, m, g (powers of 1024).
+bool setting_bool(const setting& s);
+std::int64_t setting_integer(const setting& s);
+std::string setting_string(const setting& s);
+
+// Makes a table visible to list_settings(). Call once per layer (a static
+// registrar object in the layer's settings.cc does it).
+void register_settings(std::span<const setting> table);
+std::vector<setting> list_settings();
+
+// The core layer's own table.
+namespace settings {
+extern const setting providers;
+extern const setting mapped_path;
+extern const setting utlb_limit;
+extern const setting inline_max;
+extern const setting tcp_address;
+extern const setting liveness_ms;
+extern const setting spin_us;
+extern const setting log_level;
+}  // namespace settings
+
+}  // namespace vmmc::core
