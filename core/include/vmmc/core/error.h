@@ -66,6 +66,8 @@ class [[nodiscard]] result {
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
   T& operator*() & { return value(); }
+  const T& operator*() const& { return value(); }
+  T&& operator*() && { return std::move(*this).value(); }
 
   std::error_code error() const noexcept {
     return has_value() ? std::error_code{} : std::get<1>(state_);

@@ -1,0 +1,138 @@
+// Address blobs: what one process tells others so they can reach it.
+//
+// Printable ASCII without whitespace: "vmmc1;h=<host>;p=<pid>;u=<uid>;
+// n=<nonce>;c=<ip:port>;f.<provider>=<hex fabric address>...". The host id is
+// boot id + network namespace, so peers in different namespaces (our
+// simulated hosts) never try the same-host paths.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <random>
+
+#include "core.h"
+
+namespace vmmc::core::detail {
+
+namespace {
+constexpr std::string_view blob_prefix = "vmmc1";
+
+std::string hex_encode(const std::vector<std::uint8_t>& bytes) {
+  static const char digits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (std::uint8_t b : bytes) {
+    out += digits[b >> 4];
+    out += digits[b & 15];
+  }
+  return out;
+}
+
+bool hex_decode(std::string_view text, std::vector<std::uint8_t>& out) {
+  if (text.size() % 2 != 0) return false;
+  auto nibble = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+  };
+  out.clear();
+  for (std::size_t i = 0; i < text.size(); i += 2) {
+    int hi = nibble(text[i]), lo = nibble(text[i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    out.push_back(static_cast<std::uint8_t>(hi * 16 + lo));
+  }
+  return true;
+}
+
+bool parse_u64(std::string_view text, std::uint64_t& out) {
+  if (text.empty() || text.size() > 20) return false;
+  std::uint64_t v = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return false;
+    v = v * 10 + static_cast<std::uint64_t>(c - '0');
+  }
+  out = v;
+  return true;
+}
+}  // namespace
+
+std::string local_host_id() {
+  std::string boot;
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::getline(f, boot);
+  struct stat st {};
+  if (::stat("/proc/self/ns/net", &st) != 0) st.st_ino = 0;
+  std::string id;
+  for (char c : boot)
+    if (c != '-') id += c;
+  return id + "." + std::to_string(st.st_ino);
+}
+
+std::uint64_t random_nonce() {
+  std::random_device rd;
+  return (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
+}
+
+std::string encode_address(const peer_address& a) {
+  std::string s(blob_prefix);
+  s += ";h=" + a.host;
+  s += ";p=" + std::to_string(a.pid);
+  s += ";u=" + std::to_string(a.uid);
+  s += ";n=" + std::to_string(a.nonce);
+  if (!a.control_tcp.empty()) s += ";c=" + a.control_tcp;
+  for (const auto& [provider, bytes] : a.fabric)
+    s += ";f." + provider + "=" + hex_encode(bytes);
+  return s;
+}
+
+result<peer_address> decode_address(std::string_view text) {
+  peer_address a;
+  if (text.size() > 4096 || text.substr(0, blob_prefix.size()) != blob_prefix)
+    return errc::invalid_argument;
+  std::size_t pos = blob_prefix.size();
+  bool have_host = false, have_pid = false, have_uid = false, have_nonce = false;
+  while (pos < text.size()) {
+    if (text[pos] != ';') return errc::invalid_argument;
+    std::size_t end = text.find(';', pos + 1);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view field = text.substr(pos + 1, end - pos - 1);
+    std::size_t eq = field.find('=');
+    if (eq == std::string_view::npos || eq == 0) return errc::invalid_argument;
+    std::string_view key = field.substr(0, eq), value = field.substr(eq + 1);
+    for (char c : field)
+      if (c <= ' ' || c > '~') return errc::invalid_argument;
+    std::uint64_t n = 0;
+    if (key == "h") {
+      a.host = value;
+      have_host = !value.empty();
+    } else if (key == "p") {
+      if (!parse_u64(value, n)) return errc::invalid_argument;
+      a.pid = static_cast<std::uint32_t>(n);
+      have_pid = true;
+    } else if (key == "u") {
+      if (!parse_u64(value, n)) return errc::invalid_argument;
+      a.uid = static_cast<std::uint32_t>(n);
+      have_uid = true;
+    } else if (key == "n") {
+      if (!parse_u64(value, a.nonce)) return errc::invalid_argument;
+      have_nonce = true;
+    } else if (key == "c") {
+      a.control_tcp = value;
+    } else if (key.substr(0, 2) == "f.") {
+      std::vector<std::uint8_t> bytes;
+      if (!hex_decode(value, bytes) || bytes.empty()) return errc::invalid_argument;
+      a.fabric.emplace_back(std::string(key.substr(2)), std::move(bytes));
+    }  // unknown keys are skipped: later versions may add fields
+    pos = end;
+  }
+  if (!have_host || !have_pid || !have_uid || !have_nonce) return errc::invalid_argument;
+  return a;
+}
+
+std::string control_socket_name(std::uint32_t pid, std::uint64_t nonce) {
+  // Abstract namespace (leading NUL added by the caller): no file to leave behind.
+  return "vmmc." + std::to_string(pid) + "." + std::to_string(nonce);
+}
+
+}  // namespace vmmc::core::detail

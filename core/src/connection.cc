@@ -1,0 +1,262 @@
+// Control connections: framed messages (with file descriptors on Unix
+// sockets) over kernel stream sockets, and the listeners that accept them.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+
+#include "core.h"
+
+namespace vmmc::core::detail {
+
+void log(int level, const char* format, ...) {
+  static const int threshold = static_cast<int>(setting_integer(settings::log_level));
+  if (level > threshold) return;
+  std::va_list args;
+  va_start(args, format);
+  char line[512];
+  std::vsnprintf(line, sizeof line, format, args);
+  va_end(args);
+  std::fprintf(stderr, "vmmc[%d]: %s\n", static_cast<int>(::getpid()), line);
+}
+
+void unique_fd::reset(int fd) noexcept {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = fd;
+}
+
+namespace {
+constexpr std::size_t max_fds_per_frame = 4;
+
+int remaining_ms(clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
+  return left.count() < 0 ? 0 : static_cast<int>(std::min<std::int64_t>(left.count(), 1 << 30));
+}
+
+void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
+
+sockaddr_un abstract_address(const std::string& name, socklen_t& length) {
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::size_t n = std::min(name.size(), sizeof(a.sun_path) - 2);
+  std::memcpy(a.sun_path + 1, name.data(), n);  // sun_path[0] = 0: abstract namespace
+  length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+  return a;
+}
+
+bool split_ip_port(const std::string& ip_port, sockaddr_in& out) {
+  auto colon = ip_port.rfind(':');
+  if (colon == std::string::npos) return false;
+  out = {};
+  out.sin_family = AF_INET;
+  int port = std::atoi(ip_port.c_str() + colon + 1);
+  if (port <= 0 || port > 65535) return false;
+  out.sin_port = htons(static_cast<std::uint16_t>(port));
+  return ::inet_pton(AF_INET, ip_port.substr(0, colon).c_str(), &out.sin_addr) == 1;
+}
+
+// Non-blocking connect finished by poll, so a dead address cannot hang us.
+result<unique_fd> connect_with_deadline(int domain, const sockaddr* address, socklen_t length,
+                                        clock::time_point deadline) {
+  unique_fd fd(::socket(domain, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd) return errc::system_error;
+  if (::connect(fd.get(), address, length) != 0) {
+    if (errno != EINPROGRESS && errno != EAGAIN) return errc::peer_gone;
+    pollfd p{fd.get(), POLLOUT, 0};
+    if (::poll(&p, 1, remaining_ms(deadline)) <= 0) return errc::timed_out;
+    int err = 0;
+    socklen_t len = sizeof err;
+    ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+    if (err != 0) return errc::peer_gone;
+  }
+  if (domain == AF_INET) {
+    int one = 1;
+    ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  }
+  return fd;
+}
+}  // namespace
+
+connection::connection(unique_fd fd, bool is_unix) : fd_(std::move(fd)), is_unix_(is_unix) {
+  set_nonblocking(fd_.get());
+  last_heard_ns_ = last_sent_ns_ = now_ns();
+}
+
+status connection::write_frame(wire::frame_type type, const void* body, std::size_t length,
+                               std::span<const int> fds) {
+  wire::frame_header h{wire::control_magic, wire::control_version,
+                       static_cast<std::uint16_t>(type), static_cast<std::uint32_t>(length)};
+  std::vector<std::uint8_t> bytes(sizeof h + length);
+  std::memcpy(bytes.data(), &h, sizeof h);
+  if (length) std::memcpy(bytes.data() + sizeof h, body, length);
+
+  std::lock_guard lock(write_mutex_);
+  std::size_t sent = 0;
+  auto deadline = clock::now() + std::chrono::seconds(2);
+  while (sent < bytes.size()) {
+    iovec iov{bytes.data() + sent, bytes.size() - sent};
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * max_fds_per_frame)];
+    if (sent == 0 && !fds.empty()) {  // descriptors travel with the frame's first byte
+      m.msg_control = control;
+      m.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+      cmsghdr* c = CMSG_FIRSTHDR(&m);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+      std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+    }
+    ssize_t n = ::sendmsg(fd_.get(), &m, MSG_NOSIGNAL);
+    if (n > 0) {
+      sent += static_cast<std::size_t>(n);
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+      pollfd p{fd_.get(), POLLOUT, 0};
+      if (::poll(&p, 1, remaining_ms(deadline)) <= 0 && clock::now() >= deadline)
+        return errc::peer_gone;  // a peer that takes no bytes for 2 s is as good as gone
+      continue;
+    }
+    return errc::peer_gone;
+  }
+  last_sent_ns_.store(now_ns(), std::memory_order_relaxed);
+  return {};
+}
+
+bool connection::closed_by_peer() const {
+  pollfd p{fd_.get(), POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
+status connection::read_available(std::vector<frame>& out) {
+  for (;;) {
+    std::uint8_t buffer[16384];
+    iovec iov{buffer, sizeof buffer};
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * max_fds_per_frame)];
+    if (is_unix_) {
+      m.msg_control = control;
+      m.msg_controllen = sizeof control;
+    }
+    ssize_t n = ::recvmsg(fd_.get(), &m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    if (n == 0) return errc::peer_gone;
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EINTR) break;
+      return errc::peer_gone;
+    }
+    for (cmsghdr* c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      std::size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (std::size_t i = 0; i < count; ++i) {
+        int fd;
+        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+        input_fds_.emplace_back(fd);
+      }
+    }
+    if (m.msg_flags & MSG_CTRUNC) return errc::protocol_error;
+    input_.insert(input_.end(), buffer, buffer + n);
+    last_heard_ns_.store(now_ns(), std::memory_order_relaxed);
+  }
+  return parse(out);
+}
+
+status connection::parse(std::vector<frame>& out) {
+  std::size_t at = 0;
+  while (input_.size() - at >= sizeof(wire::frame_header)) {
+    wire::frame_header h;
+    std::memcpy(&h, input_.data() + at, sizeof h);
+    if (h.magic != wire::control_magic || h.version != wire::control_version ||
+        h.length > wire::max_frame_body)
+      return errc::protocol_error;
+    if (input_.size() - at - sizeof h < h.length) break;
+    frame f;
+    f.type = static_cast<wire::frame_type>(h.type);
+    f.body.assign(input_.begin() + static_cast<std::ptrdiff_t>(at + sizeof h),
+                  input_.begin() + static_cast<std::ptrdiff_t>(at + sizeof h + h.length));
+    // Descriptors belong to the frames that declare them.
+    std::size_t want = 0;
+    if (f.type == wire::frame_type::hello_reply) {
+      wire::hello_reply_body b{};
+      if (f.body_as(b) && b.has_wake_fds) want = 3;
+    } else if (f.type == wire::frame_type::import_reply) {
+      wire::import_reply_body b{};
+      if (f.body_as(b) && b.mapped) want = 1;
+    }
+    if (input_fds_.size() < want) return errc::protocol_error;
+    for (std::size_t i = 0; i < want; ++i) {
+      f.fds.push_back(std::move(input_fds_.front()));
+      input_fds_.pop_front();
+    }
+    at += sizeof h + h.length;
+    out.push_back(std::move(f));
+  }
+  input_.erase(input_.begin(), input_.begin() + static_cast<std::ptrdiff_t>(at));
+  if (!input_fds_.empty() && input_.empty()) input_fds_.clear();  // unsolicited descriptors
+  return {};
+}
+
+result<frame> connection::read_one(clock::time_point deadline) {
+  std::vector<frame> frames;
+  for (;;) {
+    if (auto s = read_available(frames); !s) return s.error();
+    if (!frames.empty()) {
+      if (frames.size() > 1) return errc::protocol_error;  // handshake answers come alone
+      return std::move(frames.front());
+    }
+    pollfd p{fd_.get(), POLLIN, 0};
+    int left = remaining_ms(deadline);
+    if (left == 0) return errc::timed_out;
+    ::poll(&p, 1, left);
+  }
+}
+
+result<unique_fd> listen_unix(const std::string& abstract_name) {
+  unique_fd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd) return errc::system_error;
+  socklen_t length;
+  sockaddr_un a = abstract_address(abstract_name, length);
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), length) != 0 ||
+      ::listen(fd.get(), 128) != 0)
+    return errc::system_error;
+  return fd;
+}
+
+result<unique_fd> listen_tcp(const std::string& ip, std::string& bound_ip_port) {
+  sockaddr_in a{};
+  if (!split_ip_port(ip + ":1", a)) return errc::invalid_argument;
+  a.sin_port = 0;
+  unique_fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd) return errc::system_error;
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::listen(fd.get(), 128) != 0)
+    return errc::system_error;
+  socklen_t length = sizeof a;
+  ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &length);
+  bound_ip_port = ip + ":" + std::to_string(ntohs(a.sin_port));
+  return fd;
+}
+
+result<unique_fd> connect_unix(const std::string& abstract_name, clock::time_point deadline) {
+  socklen_t length;
+  sockaddr_un a = abstract_address(abstract_name, length);
+  return connect_with_deadline(AF_UNIX, reinterpret_cast<sockaddr*>(&a), length, deadline);
+}
+
+result<unique_fd> connect_tcp(const std::string& ip_port, clock::time_point deadline) {
+  sockaddr_in a{};
+  if (!split_ip_port(ip_port, a)) return errc::invalid_argument;
+  return connect_with_deadline(AF_INET, reinterpret_cast<sockaddr*>(&a), sizeof a, deadline);
+}
+
+}  // namespace vmmc::core::detail

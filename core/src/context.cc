@@ -1,0 +1,242 @@
+// context: the public handle and the lifecycle of its implementation (start:
+// providers, listeners, wake page, control thread; stop: in reverse).
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <sstream>
+
+#include "core.h"
+
+namespace vmmc::core {
+
+using namespace detail;
+
+// ---- mappable_buffer ---------------------------------------------------------
+mappable_buffer::mappable_buffer(mappable_buffer&& o) noexcept
+    : data_(std::exchange(o.data_, nullptr)),
+      size_(std::exchange(o.size_, 0)),
+      segment_(std::move(o.segment_)) {}
+mappable_buffer& mappable_buffer::operator=(mappable_buffer&& o) noexcept {
+  data_ = std::exchange(o.data_, nullptr);
+  size_ = std::exchange(o.size_, 0);
+  segment_ = std::move(o.segment_);
+  return *this;
+}
+mappable_buffer::~mappable_buffer() = default;
+
+// ---- impl lifecycle -------------------------------------------------------------
+status context::impl::start(const context_options& options) {
+  std::vector<std::string> providers = options.providers;
+  if (providers.empty()) {
+    std::stringstream list(setting_string(settings::providers));
+    for (std::string p; std::getline(list, p, ',');)
+      if (!p.empty()) providers.push_back(p);
+  }
+  mapped_enabled =
+      options.mapped_path < 0 ? setting_bool(settings::mapped_path) : options.mapped_path != 0;
+  liveness = std::chrono::milliseconds(setting_integer(settings::liveness_ms));
+  spin = std::chrono::microseconds(setting_integer(settings::spin_us));
+  const auto inline_max = static_cast<std::size_t>(
+      std::clamp<std::int64_t>(setting_integer(settings::inline_max), 64, 64 * 1024));
+  const auto utlb_limit = static_cast<std::size_t>(setting_integer(settings::utlb_limit));
+  const std::string tcp_address = setting_string(settings::tcp_address);
+
+  self.host = local_host_id();
+  self.pid = static_cast<std::uint32_t>(::getpid());
+  self.uid = static_cast<std::uint32_t>(::getuid());
+  self.nonce = random_nonce();
+
+  notify_eventfd.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  control_wakeup.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!notify_eventfd || !control_wakeup) return errc::system_error;
+  auto page = segment::create(sizeof(wake_page), "vmmc-wake");
+  if (!page) return page.error();
+  wake_segment = std::move(*page);
+  wake = new (wake_segment->base) wake_page{};
+
+  auto unix_fd = listen_unix(control_socket_name(self.pid, self.nonce));
+  if (!unix_fd) return unix_fd.error();
+  unix_listener = std::move(*unix_fd);
+
+  bool remote_capable = false;
+  for (const std::string& p : providers) {
+    if (p == "shm") remove_stale_fabric_shm_files();
+    auto sink = [this](const wire::message_header& h, const std::byte* payload, std::size_t n) {
+      on_fabric_message(h, payload, n);
+    };
+    auto e = fabric_endpoint::open(p, tcp_address, inline_max, utlb_limit, sink);
+    if (!e) continue;  // logged by open(); other providers may still serve
+    self.fabric.emplace_back(p, (*e)->name());
+    remote_capable |= p != "shm";
+    endpoints.push_back(std::move(*e));
+  }
+  if (endpoints.empty() && !mapped_enabled) return errc::unreachable;
+  if (remote_capable) {
+    auto tcp_fd = listen_tcp(tcp_address, self.control_tcp);
+    if (!tcp_fd) return tcp_fd.error();
+    tcp_listener = std::move(*tcp_fd);
+  }
+  blob = encode_address(self);
+  control_thread = std::thread([this] { control_loop(); });
+  return {};
+}
+
+context::impl::~impl() {
+  stopping.store(true);
+  wake_control_thread();
+  if (control_thread.joinable()) control_thread.join();
+  // Importers see our connections close (peer_gone); then regions go away.
+  {
+    std::lock_guard lock(links_mutex);
+    links.clear();
+  }
+  {
+    std::lock_guard lock(peers_mutex);
+    peers.clear();
+  }
+  {
+    std::unique_lock lock(imports_mutex);
+    imports.clear();
+  }
+  std::unordered_map<std::uint32_t, export_ptr> withdrawn;
+  {
+    std::unique_lock lock(exports_mutex);
+    withdrawn.swap(exports);
+  }
+  for (auto& [id, e] : withdrawn)
+    for (fabric_mr& m : e->mrs) m.endpoint->deregister_export(m);
+  {
+    std::lock_guard lock(requests_mutex);
+    requests.clear();
+  }
+  endpoints.clear();
+}
+
+void context::impl::wake_control_thread() {
+  std::uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = ::write(control_wakeup.get(), &one, sizeof one);
+}
+
+// ---- public handle ---------------------------------------------------------------
+context::context(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
+context::context(context&&) noexcept = default;
+context& context::operator=(context&&) noexcept = default;
+context::~context() = default;
+
+result<context> context::create(const context_options& options) {
+  auto p = std::make_unique<impl>();
+  if (status s = p->start(options); !s) return s.error();
+  return context(std::move(p));
+}
+
+const std::string& context::address() const noexcept { return impl_->blob; }
+
+result<mappable_buffer> context::allocate(std::size_t bytes) {
+  auto seg = segment::create(bytes, "vmmc-buffer");
+  if (!seg) return seg.error();
+  mappable_buffer b;
+  b.data_ = (*seg)->base;
+  b.size_ = bytes;
+  {
+    std::lock_guard lock(impl_->segments_mutex);
+    auto& table = impl_->segments;
+    for (auto it = table.begin(); it != table.end();)  // forget dead segments
+      it = it->second.expired() ? table.erase(it) : std::next(it);
+    table[reinterpret_cast<std::uintptr_t>(b.data_)] = *seg;
+  }
+  b.segment_ = std::move(*seg);
+  return b;
+}
+
+result<export_handle> context::export_buffer(std::string_view name, void* base,
+                                             std::size_t length, export_options options) {
+  return impl_->export_buffer(name, base, length, std::move(options));
+}
+status context::unexport_buffer(export_handle h) { return impl_->unexport_buffer(h); }
+
+result<import_handle> context::import_buffer(std::string_view peer_address, std::string_view name,
+                                             std::chrono::milliseconds timeout) {
+  return impl_->import_buffer(peer_address, name, timeout);
+}
+status context::unimport_buffer(import_handle h) { return impl_->unimport_buffer(h); }
+
+result<import_info> context::describe(import_handle h) const {
+  auto imp = impl_->find_import(h);
+  if (!imp) return errc::unknown_handle;
+  return import_info{imp->length, imp->allowed};
+}
+
+result<std::string> context::path_of(import_handle h) const {
+  auto imp = impl_->find_import(h);
+  if (!imp) return errc::unknown_handle;
+  if (imp->map) return std::string("mapped");
+  return "fabric:" + imp->endpoint->full_name();
+}
+
+status context::send(import_handle to, std::uint64_t offset, const void* source,
+                     std::size_t length, send_options options) {
+  auto o = impl_->start_transfer(to, offset, const_cast<void*>(source), length, true, options,
+                                 nullptr);
+  if (!o) return o.error();
+  if (!*o) return {};  // completed during the call (mapped path, injected write)
+  return impl_->wait_op(**o, clock::time_point::max());
+}
+
+status context::fetch(import_handle from, std::uint64_t offset, void* destination,
+                      std::size_t length) {
+  auto o = impl_->start_transfer(from, offset, destination, length, false, {}, nullptr);
+  if (!o) return o.error();
+  if (!*o) return {};
+  return impl_->wait_op(**o, clock::time_point::max());
+}
+
+result<request> context::send_async(import_handle to, std::uint64_t offset, const void* source,
+                                    std::size_t length, send_options options,
+                                    void* user_context) {
+  auto o = impl_->start_transfer(to, offset, const_cast<void*>(source), length, true, options,
+                                 user_context);
+  if (!o) return o.error();
+  return impl_->remember(std::move(*o), user_context);
+}
+
+result<request> context::fetch_async(import_handle from, std::uint64_t offset, void* destination,
+                                     std::size_t length, void* user_context) {
+  auto o = impl_->start_transfer(from, offset, destination, length, false, {}, user_context);
+  if (!o) return o.error();
+  return impl_->remember(std::move(*o), user_context);
+}
+
+result<completion> context::test(request r) { return impl_->test(r); }
+result<completion> context::wait(request r, std::chrono::milliseconds timeout) {
+  return impl_->wait(r, timeout);
+}
+
+std::size_t context::poll_notifications() { return impl_->poll_notifications(); }
+result<std::size_t> context::wait_notifications(std::chrono::milliseconds timeout) {
+  return impl_->wait_notifications(timeout);
+}
+int context::notification_fd() const noexcept { return impl_->notify_eventfd.get(); }
+bool context::prepare_wait() { return impl_->prepare_wait(); }
+void context::progress() { impl_->progress_all(); }
+
+counters context::stats() const {
+  counters c{};
+  c.sends = impl_->count.sends;
+  c.fetches = impl_->count.fetches;
+  c.notifications_sent = impl_->count.notifications_sent;
+  c.notifications_received = impl_->count.notifications_received;
+  c.bytes_sent = impl_->count.bytes_sent;
+  c.bytes_fetched = impl_->count.bytes_fetched;
+  for (const auto& e : impl_->endpoints) {
+    reg_cache_counters u = e->utlb().counters();
+    c.utlb_lookups += u.lookups;
+    c.utlb_hits += u.hits;
+    c.utlb_misses += u.misses;
+    c.utlb_registrations += u.registrations;
+    c.utlb_evictions += u.evictions;
+    c.utlb_bytes_registered += u.bytes_registered;
+  }
+  return c;
+}
+
+}  // namespace vmmc::core

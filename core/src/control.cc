@@ -1,0 +1,272 @@
+// The control thread: one per context, asleep in poll() unless something
+// happens. It accepts importers, answers hello/import/unimport, relays revokes,
+// watches liveness (EOF on Unix sockets is exact; TCP peers must answer
+// heartbeats), and drives fabric progress while the application is not
+// polling, so that exporters need not call anything for RMA to land.
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "core.h"
+
+namespace vmmc::core {
+
+using namespace detail;
+
+namespace {
+constexpr auto app_idle_after = std::chrono::milliseconds(2);
+constexpr auto slowest_fabric_tick = std::chrono::milliseconds(10);
+
+// Verifies and answers an importer's hello. Returns false to drop the link.
+bool accept_hello(context::impl& self, const context::impl::link_ptr& link, const frame& f) {
+  wire::hello_body h{};
+  if (f.type != wire::frame_type::hello || !f.body_as(h) ||
+      f.body.size() != sizeof h + h.address_length)
+    return false;
+  std::string blob(reinterpret_cast<const char*>(f.body.data() + sizeof h), h.address_length);
+  auto address = decode_address(blob);
+  if (!address) return false;
+  wire::hello_reply_body reply{};
+  std::vector<int> fds;
+  if (link->conn->is_unix()) {
+    // The kernel vouches for who is on the other end of a Unix socket.
+    ucred cred{};
+    socklen_t length = sizeof cred;
+    if (::getsockopt(link->conn->fd(), SOL_SOCKET, SO_PEERCRED, &cred, &length) != 0 ||
+        static_cast<std::uint32_t>(cred.pid) != h.pid ||
+        static_cast<std::uint32_t>(cred.uid) != h.uid || address->pid != h.pid)
+      return false;
+    auto ring = segment::create(sizeof(notify_ring), "vmmc-ring");
+    if (!ring) return false;
+    new ((*ring)->base) notify_ring{};
+    {
+      std::lock_guard lock(self.links_mutex);
+      link->ring_segment = *ring;
+    }
+    reply.has_wake_fds = 1;
+    fds = {self.wake_segment->fd.get(), self.notify_eventfd.get(), (*ring)->fd.get()};
+  }
+  link->address = std::move(*address);
+  link->address.uid = h.uid;
+  link->blob = std::move(blob);
+  link->hello_done = true;
+  return static_cast<bool>(
+      link->conn->write_frame(wire::frame_type::hello_reply, &reply, sizeof reply, fds));
+}
+}  // namespace
+
+void context::impl::handle_link_frames(const link_ptr& link) {
+  std::vector<frame> frames;
+  status s = link->conn->read_available(frames);
+  for (const frame& f : frames) {
+    if (!link->alive) break;
+    if (!link->hello_done) {
+      if (!accept_hello(*this, link, f)) {
+        VMMC_WARN("refused a control connection: bad or unverifiable hello");
+        link->alive = false;
+      }
+      continue;
+    }
+    switch (f.type) {
+      case wire::frame_type::import_request: handle_import_request(link, f); break;
+      case wire::frame_type::unimport: handle_unimport(link, f); break;
+      case wire::frame_type::revoke_ack: {
+        wire::revoke_body body{};
+        if (!f.body_as(body)) break;
+        {
+          std::lock_guard lock(links_mutex);
+          revokes_pending.erase({link.get(), body.export_id});
+        }
+        revoke_cv.notify_all();
+        break;
+      }
+      case wire::frame_type::heartbeat: break;
+      default: link->alive = false;
+    }
+  }
+  if (s.is(errc::protocol_error)) VMMC_WARN("garbage on a control connection; closed it");
+  if (!s) link->alive = false;
+}
+
+void context::impl::handle_peer_frames(const peer_ptr& peer) {
+  std::vector<frame> frames;
+  status s = peer->conn->read_available(frames);
+  for (frame& f : frames) {
+    switch (f.type) {
+      case wire::frame_type::import_reply: {
+        wire::import_reply_body r{};
+        if (!f.body_as(r)) {
+          s = errc::protocol_error;
+          break;
+        }
+        {
+          std::lock_guard lock(peer->reply_mutex);
+          peer->replies[r.request_id] = std::move(f);
+        }
+        peer->reply_cv.notify_all();
+        break;
+      }
+      case wire::frame_type::revoke: handle_revoke(peer, f); break;
+      case wire::frame_type::heartbeat: break;
+      default: s = errc::protocol_error;
+    }
+  }
+  if (!s) peer_died(peer);
+}
+
+void context::impl::link_died(const link_ptr& link) {
+  link->alive = false;
+  std::vector<notification> unread;
+  {
+    std::lock_guard lock(links_mutex);
+    // What the importer published before it went is delivered, not dropped.
+    if (notify_ring* ring = link->ring()) {
+      std::uint64_t head = ring->head.load(std::memory_order_relaxed);
+      const std::uint64_t tail = ring->tail.load(std::memory_order_acquire);
+      for (; tail - head <= notify_ring::capacity && head != tail; ++head) {
+        const notify_record& r = ring->records[head % notify_ring::capacity];
+        unread.push_back({r.export_id, r.offset, r.length, r.value});
+      }
+      ring->head.store(head, std::memory_order_release);
+    }
+    std::erase(links, link);
+  }
+  for (const notification& n : unread) enqueue_notification(n);
+  revoke_cv.notify_all();
+}
+
+void context::impl::control_loop() {
+  const auto heartbeat = liveness / 4;
+  auto fabric_tick = std::chrono::milliseconds(1);
+  bool has_unwaitable_endpoint = false;
+  for (auto& e : endpoints) has_unwaitable_endpoint |= !e->has_wait_fd();
+
+  std::vector<pollfd> fds;
+  std::vector<link_ptr> link_list;
+  std::vector<peer_ptr> peer_list;
+  while (!stopping.load(std::memory_order_acquire)) {
+    fds.clear();
+    fds.push_back({control_wakeup.get(), POLLIN, 0});
+    fds.push_back({unix_listener.get(), POLLIN, 0});
+    fds.push_back({tcp_listener ? tcp_listener.get() : -1, POLLIN, 0});
+    {
+      std::lock_guard lock(links_mutex);
+      link_list = links;
+    }
+    {
+      std::lock_guard lock(peers_mutex);
+      peer_list.clear();
+      for (auto& [key, p] : peers) peer_list.push_back(p);
+    }
+    for (auto& l : link_list) fds.push_back({l->conn->fd(), POLLIN, 0});
+    for (auto& p : peer_list) fds.push_back({p->conn->fd(), POLLIN, 0});
+
+    // Fabric progress is ours only while the application is not polling.
+    const bool app_idle = wake->sleeping.load(std::memory_order_relaxed) ||
+                          now_ns() - last_app_poll_ns.load(std::memory_order_relaxed) >
+                              std::chrono::nanoseconds(app_idle_after).count();
+    control_watching_fabric.store(app_idle, std::memory_order_release);
+    bool fabric_ready = false;
+    if (app_idle)
+      for (auto& e : endpoints)
+        if (e->has_wait_fd()) {
+          if (e->try_arm_wait())
+            fds.push_back({e->wait_fd(), POLLIN, 0});
+          else
+            fabric_ready = true;
+        }
+    auto timeout = std::chrono::duration_cast<std::chrono::milliseconds>(heartbeat);
+    if (!app_idle) timeout = std::min<std::chrono::milliseconds>(timeout, app_idle_after);
+    if (app_idle && has_unwaitable_endpoint) timeout = std::min(timeout, fabric_tick);
+    if (acks_owed.load()) timeout = std::min(timeout, std::chrono::milliseconds(1));
+    if (fabric_ready) timeout = std::chrono::milliseconds(0);
+    ::poll(fds.data(), fds.size(), static_cast<int>(timeout.count()));
+    if (stopping.load(std::memory_order_acquire)) break;
+
+    if (fds[0].revents) {
+      std::uint64_t drained;
+      [[maybe_unused]] ssize_t n = ::read(control_wakeup.get(), &drained, sizeof drained);
+    }
+    for (int i = 1; i <= 2; ++i) {
+      if (!(fds[static_cast<std::size_t>(i)].revents & POLLIN)) continue;
+      for (;;) {
+        int c = ::accept4(fds[static_cast<std::size_t>(i)].fd, nullptr, nullptr,
+                          SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (c < 0) break;
+        auto link = std::make_shared<importer_link>();
+        link->conn = std::make_unique<connection>(unique_fd(c), i == 1);
+        std::lock_guard lock(links_mutex);
+        links.push_back(std::move(link));
+      }
+    }
+    std::size_t at = 3;
+    for (auto& l : link_list)
+      if (fds[at++].revents) handle_link_frames(l);
+    for (auto& p : peer_list)
+      if (fds[at++].revents) handle_peer_frames(p);
+
+    if (app_idle) {
+      std::size_t handled = 0;
+      for (auto& e : endpoints) handled += e->try_progress();
+      fabric_tick = handled ? std::chrono::milliseconds(1)
+                            : std::min<std::chrono::milliseconds>(fabric_tick * 2,
+                                                                  slowest_fabric_tick);
+    }
+
+    // Liveness: Unix peers are gone exactly when their socket closes; TCP
+    // peers must be heard from within `liveness`.
+    const std::int64_t now = now_ns();
+    const auto heartbeat_ns = std::chrono::nanoseconds(heartbeat).count();
+    const auto liveness_ns = std::chrono::nanoseconds(liveness).count();
+    for (auto& l : link_list) {
+      if (l->alive && !l->conn->is_unix()) {
+        if (now - l->conn->last_heard_ns() > liveness_ns) l->alive = false;
+        else if (now - l->conn->last_sent_ns() > heartbeat_ns &&
+                 !l->conn->write_frame(wire::frame_type::heartbeat, nullptr, 0))
+          l->alive = false;
+      }
+      if (!l->alive) link_died(l);
+    }
+    for (auto& p : peer_list) {
+      if (!p->alive) continue;
+      if (!p->conn->is_unix()) {
+        if (now - p->conn->last_heard_ns() > liveness_ns ||
+            (now - p->conn->last_sent_ns() > heartbeat_ns &&
+             !p->conn->write_frame(wire::frame_type::heartbeat, nullptr, 0)))
+          peer_died(p);
+      }
+    }
+    if (acks_owed.load()) send_owed_acks();
+  }
+}
+
+// Acknowledges revokes whose imports have no fabric operation in flight any
+// more; several imports of one export acknowledge together.
+void context::impl::send_owed_acks() {
+  std::vector<import_ptr> owing;
+  {
+    std::shared_lock lock(imports_mutex);
+    for (auto& [id, imp] : imports)
+      if (imp->ack_owed) owing.push_back(imp);
+  }
+  for (auto& imp : owing) {
+    if (imp->in_flight.load() > 0) continue;
+    bool others_busy = false;
+    for (auto& other : owing)
+      others_busy |= other != imp && other->peer == imp->peer &&
+                     other->export_id == imp->export_id && other->in_flight.load() > 0;
+    if (others_busy) continue;
+    std::unique_lock state(imp->state_mutex);
+    if (!imp->ack_owed) continue;
+    imp->ack_owed = false;
+    acks_owed.fetch_sub(1);
+    send_revoke_ack(*imp);
+  }
+  // Imports released while owing drop their debt too.
+  std::shared_lock lock(imports_mutex);
+  int still = 0;
+  for (auto& [id, imp] : imports) still += imp->ack_owed;
+  acks_owed.store(still);
+}
+
+}  // namespace vmmc::core

@@ -1,0 +1,531 @@
+// core.h: the one private header of vmmc::core.
+//
+// Objects and the file that implements each:
+//   peer_address, blobs ............ address.cc
+//   unique_fd, connection .......... connection.cc   (framed control sockets)
+//   segment, notify_ring, wake_page  segment.cc      (memfd-backed shared memory)
+//   fabric_endpoint, op ............ fabric.cc       (one libfabric provider)
+//   context::impl .................. context.cc (lifecycle), export.cc,
+//                                    import.cc, rma.cc, notify.cc,
+//                                    control.cc (the control thread)
+#pragma once
+
+#include <rdma/fabric.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdarg>
+#include <cstring>
+#include <functional>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <shared_mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "vmmc/core/context.h"
+#include "vmmc/core/reg_cache.h"
+#include "vmmc/core/settings.h"
+#include "wire.h"
+
+namespace vmmc::core::detail {
+
+// ---- logging (VMMC_CORE_LOG_LEVEL) ----------------------------------------
+void log(int level, const char* format, ...) __attribute__((format(printf, 2, 3)));
+#define VMMC_ERROR(...) ::vmmc::core::detail::log(1, __VA_ARGS__)
+#define VMMC_WARN(...) ::vmmc::core::detail::log(2, __VA_ARGS__)
+#define VMMC_DEBUG(...) ::vmmc::core::detail::log(3, __VA_ARGS__)
+
+using clock = std::chrono::steady_clock;
+inline std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now().time_since_epoch())
+      .count();
+}
+
+// ---- address blobs (address.cc) -------------------------------------------
+struct peer_address {
+  std::string host;         // boot id + netns: equal means "same host" for us
+  std::uint32_t pid = 0;
+  std::uint32_t uid = 0;
+  std::uint64_t nonce = 0;  // distinguishes contexts (and pid reuse)
+  std::string control_tcp;  // "ip:port" of the TCP control listener, may be empty
+  std::vector<std::pair<std::string, std::vector<std::uint8_t>>> fabric;  // short provider name
+
+  const std::vector<std::uint8_t>* fabric_for(std::string_view provider) const {
+    for (const auto& [name, bytes] : fabric)
+      if (name == provider) return &bytes;
+    return nullptr;
+  }
+};
+std::string local_host_id();
+std::uint64_t random_nonce();
+std::string encode_address(const peer_address& a);
+result<peer_address> decode_address(std::string_view text);
+std::string control_socket_name(std::uint32_t pid, std::uint64_t nonce);
+
+// ---- control sockets (connection.cc) --------------------------------------
+class unique_fd {
+ public:
+  unique_fd() = default;
+  explicit unique_fd(int fd) : fd_(fd) {}
+  unique_fd(unique_fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  unique_fd& operator=(unique_fd&& o) noexcept {
+    if (this != &o) reset(std::exchange(o.fd_, -1));
+    return *this;
+  }
+  ~unique_fd() { reset(); }
+  int get() const noexcept { return fd_; }
+  int release() noexcept { return std::exchange(fd_, -1); }
+  void reset(int fd = -1) noexcept;
+  explicit operator bool() const noexcept { return fd_ >= 0; }
+
+ private:
+  int fd_ = -1;
+};
+
+struct frame {
+  wire::frame_type type;
+  std::vector<std::uint8_t> body;
+  std::vector<unique_fd> fds;
+
+  template <class T>
+  bool body_as(T& out, std::size_t at = 0) const {
+    if (body.size() < at + sizeof(T)) return false;
+    std::memcpy(&out, body.data() + at, sizeof(T));
+    return true;
+  }
+};
+
+// A framed, non-blocking control connection. Writes are whole frames under a
+// mutex (any thread); reads are done by one thread at a time (the control
+// thread, or the importing thread during the hello exchange).
+class connection {
+ public:
+  explicit connection(unique_fd fd, bool is_unix);
+  int fd() const noexcept { return fd_.get(); }
+  bool is_unix() const noexcept { return is_unix_; }
+
+  // Sends one frame (blocking up to 2 s for socket space). Errors: peer_gone.
+  status write_frame(wire::frame_type type, const void* body, std::size_t length,
+                     std::span<const int> fds = {});
+  // Reads what is available and appends whole frames to `out`. Errors:
+  // peer_gone (EOF/reset), protocol_error (garbage). would_block never.
+  status read_available(std::vector<frame>& out);
+  // Blocks until one frame arrives or the deadline passes.
+  result<frame> read_one(clock::time_point deadline);
+
+  // True when the peer closed or reset the connection (no read needed):
+  // the exact sign that a process on the other end is gone.
+  bool closed_by_peer() const;
+
+  std::int64_t last_heard_ns() const { return last_heard_ns_.load(std::memory_order_relaxed); }
+  std::int64_t last_sent_ns() const { return last_sent_ns_.load(std::memory_order_relaxed); }
+
+ private:
+  status parse(std::vector<frame>& out);
+
+  unique_fd fd_;
+  bool is_unix_;
+  std::mutex write_mutex_;
+  std::vector<std::uint8_t> input_;
+  std::deque<unique_fd> input_fds_;
+  std::atomic<std::int64_t> last_heard_ns_{0};
+  std::atomic<std::int64_t> last_sent_ns_{0};
+};
+
+result<unique_fd> listen_unix(const std::string& abstract_name);
+result<unique_fd> listen_tcp(const std::string& ip, std::string& bound_ip_port);
+result<unique_fd> connect_unix(const std::string& abstract_name, clock::time_point deadline);
+result<unique_fd> connect_tcp(const std::string& ip_port, clock::time_point deadline);
+
+// ---- shared memory (segment.cc) -------------------------------------------
+// A memfd mapped into this process. Exporters allocate them; same-host
+// importers map the same fd. memfds have no name in any filesystem, so nothing
+// is left behind by a process that is killed.
+struct segment {
+  unique_fd fd;
+  std::byte* base = nullptr;
+  std::size_t size = 0;
+  ~segment();
+  static result<std::shared_ptr<segment>> create(std::size_t bytes, const char* name);
+};
+
+// Unlinks shared-memory files that libfabric's shm provider left behind for
+// processes that no longer exist. Returns how many were removed.
+std::size_t remove_stale_fabric_shm_files(const char* directory = "/dev/shm");
+
+// A mapping of (part of) another process's memfd.
+struct mapping {
+  std::byte* base = nullptr;  // page-aligned start of the mapping
+  std::size_t size = 0;
+  std::size_t delta = 0;      // where the exported bytes start inside the mapping
+  mapping() = default;
+  mapping(const mapping&) = delete;
+  mapping& operator=(const mapping&) = delete;
+  ~mapping();
+  static result<std::unique_ptr<mapping>> map(int fd, std::uint64_t offset, std::uint64_t length,
+                                              bool writable);
+  std::byte* data() const { return base + delta; }
+};
+
+// Notification records travelling from one importer to one exporter on the
+// mapped path: single producer (importer, under its lock), single consumer.
+struct notify_record {
+  std::uint32_t export_id;
+  std::uint32_t reserved;
+  std::uint64_t offset;
+  std::uint64_t length;
+  std::uint64_t value;
+};
+struct notify_ring {
+  static constexpr std::uint64_t capacity = 1024;
+  alignas(64) std::atomic<std::uint64_t> head;  // next record to consume
+  alignas(64) std::atomic<std::uint64_t> tail;  // next free slot
+  alignas(64) notify_record records[capacity];
+};
+// One page per exporter, mapped by its same-host importers: tells senders
+// whether the exporter sleeps on its eventfd and so needs a write() to wake.
+struct wake_page {
+  alignas(64) std::atomic<std::uint32_t> sleeping;
+};
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
+
+// ---- libfabric (fabric.cc) ------------------------------------------------
+class fabric_endpoint;
+
+// One posted operation (or a group of posts, such as write + notify message).
+// Shared between the request table and the endpoint's in-flight set; libfabric
+// gets a raw pointer as its context and the endpoint keeps it alive until
+// every part has completed, even if the caller gave up because the peer died.
+struct op {
+  std::uint64_t id = 0;
+  void* user_context = nullptr;
+  std::atomic<int> parts{0};         // posts still outstanding
+  std::atomic<bool> done{false};
+  std::error_code error;             // first error, written before done
+  std::shared_ptr<struct import_entry> import;
+  std::optional<reg_cache::lease> lease;
+  int bounce_slot = -1;
+  void* copy_to = nullptr;  // small fetches land in a bounce slot first
+  std::size_t copy_length = 0;
+  std::shared_ptr<op> parent;  // a message part completes into its op
+};
+
+struct fabric_mr {
+  fabric_endpoint* endpoint = nullptr;
+  struct fid_mr* mr = nullptr;
+  std::uint64_t key = 0;
+  std::uint64_t remote_address = 0;  // address an importer writes for offset 0
+};
+
+// Receives messages arriving on an endpoint (during progress).
+using message_sink = std::function<void(const wire::message_header&, const std::byte* payload,
+                                        std::size_t payload_length)>;
+
+class fabric_endpoint final : public registrar {
+ public:
+  static result<std::unique_ptr<fabric_endpoint>> open(const std::string& short_name,
+                                                       const std::string& tcp_address,
+                                                       std::size_t inline_max,
+                                                       std::size_t utlb_limit, message_sink sink);
+  ~fabric_endpoint() override;
+
+  const std::string& short_name() const { return short_name_; }  // "shm", "tcp", ...
+  std::string full_name() const;                                  // "tcp;ofi_rxm"
+  bool has_wait_fd() const { return wait_fd_ >= 0; }
+  int wait_fd() const { return wait_fd_; }
+  const std::vector<std::uint8_t>& name() const { return name_; }
+  std::size_t inline_max() const { return inline_max_; }
+
+  result<fi_addr_t> insert_peer(const std::vector<std::uint8_t>& address);
+  void remove_peer(fi_addr_t address);
+
+  result<fabric_mr> register_export(void* base, std::size_t length, rights allowed);
+  void deregister_export(fabric_mr& mr);
+
+  // An op's life on this endpoint: begin() registers it with a posting guard,
+  // posts add parts, finish_posting() drops the guard (recording `error`).
+  void begin(const std::shared_ptr<op>& o);
+  void finish_posting(const std::shared_ptr<op>& o, std::error_code error);
+
+  // Posts; each adds one part to `o` which completes through progress().
+  // Small writes are injected or bounced; large ones go zero-copy through the
+  // UTLB. Returns would_block never: it drives progress itself until posted.
+  status post_write(const std::shared_ptr<op>& o, fi_addr_t peer, const void* source,
+                    std::size_t length, std::uint64_t remote_address, std::uint64_t key,
+                    const std::atomic<bool>& peer_alive);
+  status post_read(const std::shared_ptr<op>& o, fi_addr_t peer, void* destination,
+                   std::size_t length, std::uint64_t remote_address, std::uint64_t key,
+                   const std::atomic<bool>& peer_alive);
+  status post_message(const std::shared_ptr<op>& o, fi_addr_t peer,
+                      const wire::message_header& header, const void* payload,
+                      const std::atomic<bool>& peer_alive);
+
+  // Reads completions; progress() blocks for the lock, try_progress() skips
+  // when another thread is already progressing. Returns completions handled.
+  std::size_t progress();
+  std::size_t try_progress();
+  // Sleeps up to `timeout` for completions (wait fd when the provider has
+  // one, else a short nap).
+  void sleep_for_completions(std::chrono::microseconds timeout);
+  // fi_trywait: true when sleeping on wait_fd() is safe (nothing pending).
+  bool try_arm_wait();
+
+  reg_cache& utlb() { return *utlb_; }
+
+  // registrar (for the UTLB)
+  result<registration> register_memory(const void* address, std::size_t length) override;
+  void deregister_memory(const registration& r) override;
+
+ private:
+  fabric_endpoint() = default;
+  std::size_t progress_locked();
+  void complete(op* o, std::error_code error);
+  // Posts with -FI_EAGAIN handling: drives progress and retries.
+  template <class Post>
+  status post_retrying(Post&& post, const std::atomic<bool>& peer_alive);
+  int take_bounce_slot(const std::atomic<bool>& peer_alive);
+  void give_bounce_slot(int slot);
+  void repost_receive(std::size_t slot);
+
+  std::string short_name_;
+  struct fi_info* info_ = nullptr;
+  struct fid_fabric* fabric_ = nullptr;
+  struct fid_domain* domain_ = nullptr;
+  struct fid_av* av_ = nullptr;
+  struct fid_cq* cq_ = nullptr;
+  struct fid_ep* ep_ = nullptr;
+  int wait_fd_ = -1;
+  std::vector<std::uint8_t> name_;
+  bool virt_addr_ = false;
+  bool prov_key_ = false;
+  bool local_mr_ = false;
+  std::atomic<std::uint64_t> next_key_{1};
+  std::size_t inject_size_ = 0;
+  std::size_t inline_max_ = 0;
+  message_sink sink_;
+
+  std::mutex mutex_;  // every libfabric call on this endpoint (FI_THREAD_DOMAIN)
+  std::unordered_map<op*, std::shared_ptr<op>> in_flight_;
+
+  // Receive slots for messages (header + inline payload each).
+  std::size_t slot_size_ = 0;
+  std::vector<std::byte> receive_pool_;
+  struct fid_mr* receive_mr_ = nullptr;
+  std::vector<struct fi_context2> receive_contexts_;
+
+  // Bounce buffers for copied (inline) sends and small fetches.
+  std::vector<std::byte> bounce_pool_;
+  struct fid_mr* bounce_mr_ = nullptr;
+  std::vector<int> free_bounce_;
+
+  std::unique_ptr<reg_cache> utlb_;
+};
+
+// ---- the model's objects ----------------------------------------------------
+struct export_entry {
+  std::uint32_t id = 0;
+  std::string name;
+  std::byte* base = nullptr;
+  std::size_t length = 0;
+  rights allowed = rights::none;
+  import_policy policy;
+  notification_handler on_notify;
+  std::shared_ptr<segment> seg;  // set when the export lies in a mappable buffer
+  std::uint64_t segment_offset = 0;
+  std::vector<fabric_mr> mrs;  // one per open endpoint
+  std::atomic<bool> live{true};
+};
+
+// An exporter we import from: our control connection to it.
+struct remote_peer {
+  peer_address address;
+  std::string blob;
+  std::unique_ptr<connection> conn;
+  std::atomic<bool> alive{true};
+  bool same_host = false;
+
+  // mapped path: the exporter's wake page and eventfd, our ring to it
+  std::unique_ptr<mapping> wake_map;
+  unique_fd wake_eventfd;
+  std::unique_ptr<mapping> ring_map;
+  std::mutex ring_mutex;  // producers of this process
+
+  // import replies waiting for their caller
+  std::mutex reply_mutex;
+  std::condition_variable reply_cv;
+  std::map<std::uint64_t, frame> replies;
+
+  // fabric addresses of this peer, per endpoint
+  std::mutex av_mutex;
+  std::map<fabric_endpoint*, fi_addr_t> fi_addresses;
+
+  wake_page* wake() const { return reinterpret_cast<wake_page*>(wake_map->data()); }
+  notify_ring* ring() const { return reinterpret_cast<notify_ring*>(ring_map->data()); }
+};
+
+struct import_entry {
+  std::uint64_t id = 0;
+  std::shared_ptr<remote_peer> peer;
+  std::uint32_t export_id = 0;
+  std::uint64_t length = 0;
+  rights allowed = rights::none;
+  // mapped path
+  std::unique_ptr<mapping> map;
+  // fabric path
+  fabric_endpoint* endpoint = nullptr;
+  fi_addr_t fi_address = 0;
+  std::uint64_t remote_address = 0;
+  std::uint64_t key = 0;
+
+  // Data operations hold it shared; revocation takes it exclusively, so once
+  // revoked no mapped copy is running and none will start.
+  std::shared_mutex state_mutex;
+  bool revoked = false;
+  bool ack_owed = false;  // revoke ack to send once in_flight drains
+  std::atomic<int> in_flight{0};
+};
+
+// An importer connected to us (we export).
+struct importer_link {
+  std::unique_ptr<connection> conn;
+  peer_address address;
+  std::string blob;
+  bool hello_done = false;
+  std::atomic<bool> alive{true};
+  std::shared_ptr<segment> ring_segment;  // mapped path notifications from it
+  std::map<std::uint32_t, int> imported;  // export id -> import count (control thread only)
+  notify_ring* ring() const {
+    return ring_segment ? reinterpret_cast<notify_ring*>(ring_segment->base) : nullptr;
+  }
+};
+
+}  // namespace vmmc::core::detail
+
+namespace vmmc::core {
+
+class context::impl {
+ public:
+  using peer_ptr = std::shared_ptr<detail::remote_peer>;
+  using import_ptr = std::shared_ptr<detail::import_entry>;
+  using export_ptr = std::shared_ptr<detail::export_entry>;
+  using link_ptr = std::shared_ptr<detail::importer_link>;
+
+  ~impl();
+  status start(const context_options& options);  // context.cc
+
+  // export.cc
+  result<export_handle> export_buffer(std::string_view name, void* base, std::size_t length,
+                                      export_options options);
+  status unexport_buffer(export_handle handle);
+  void handle_import_request(const link_ptr& link, const detail::frame& f);
+  void handle_unimport(const link_ptr& link, const detail::frame& f);
+  export_ptr find_export(std::uint32_t id) const;
+  std::shared_ptr<detail::segment> find_segment(const void* base, std::size_t length,
+                                                std::uint64_t& offset);
+
+  // import.cc
+  result<import_handle> import_buffer(std::string_view peer_address, std::string_view name,
+                                      std::chrono::milliseconds timeout);
+  status unimport_buffer(import_handle handle);
+  result<peer_ptr> connect_peer(std::string_view blob, detail::clock::time_point deadline);
+  import_ptr find_import(import_handle handle) const;
+  void handle_revoke(const peer_ptr& peer, const detail::frame& f);
+  void send_revoke_ack(detail::import_entry& imp);
+  void peer_died(const peer_ptr& peer);
+  // Maps a failed fabric operation to peer_gone when its exporter is gone.
+  std::error_code classify_failure(const detail::import_entry& imp, std::error_code error);
+
+  // rma.cc. start_transfer returns a null op when the transfer finished
+  // during the call (mapped path, injected writes).
+  result<std::shared_ptr<detail::op>> start_transfer(import_handle handle, std::uint64_t offset,
+                                                     void* buffer, std::size_t length,
+                                                     bool is_send, send_options options,
+                                                     void* user_context);
+  status wait_op(detail::op& o, detail::clock::time_point deadline);
+  result<request> remember(std::shared_ptr<detail::op> o, void* user_context);
+  result<completion> test(request r);
+  result<completion> wait(request r, std::chrono::milliseconds timeout);
+  void progress_all();
+
+  // notify.cc
+  void on_fabric_message(const detail::wire::message_header& h, const std::byte* payload,
+                         std::size_t length);
+  void enqueue_notification(const notification& n);
+  std::size_t poll_notifications();
+  result<std::size_t> wait_notifications(std::chrono::milliseconds timeout);
+  bool prepare_wait();
+  bool notification_pending();
+  void wake_waiter();
+
+  // control.cc
+  void control_loop();
+  void wake_control_thread();
+  void handle_link_frames(const link_ptr& link);
+  void handle_peer_frames(const peer_ptr& peer);
+  void link_died(const link_ptr& link);
+  void send_owed_acks();
+
+  // state ------------------------------------------------------------------
+  detail::peer_address self;
+  std::string blob;
+  bool mapped_enabled = true;
+  std::chrono::milliseconds liveness{600};
+  std::chrono::microseconds spin{50};
+  std::vector<std::unique_ptr<detail::fabric_endpoint>> endpoints;
+
+  detail::unique_fd unix_listener, tcp_listener;
+  detail::unique_fd notify_eventfd;           // the notification fd given to users
+  std::shared_ptr<detail::segment> wake_segment;
+  detail::wake_page* wake = nullptr;
+
+  mutable std::shared_mutex exports_mutex;
+  std::unordered_map<std::uint32_t, export_ptr> exports;
+  std::unordered_map<std::string, std::uint32_t> export_names;
+  std::uint32_t next_export_id = 1;
+  std::mutex segments_mutex;
+  std::map<std::uintptr_t, std::weak_ptr<detail::segment>> segments;  // by base address
+
+  mutable std::shared_mutex imports_mutex;
+  std::unordered_map<std::uint64_t, import_ptr> imports;
+  std::uint64_t next_import_id = 1;
+  std::mutex peers_mutex;  // also serialises connecting to a new peer
+  std::map<std::string, peer_ptr> peers;
+  std::atomic<std::uint64_t> next_request_id{1};
+
+  std::mutex links_mutex;
+  std::vector<link_ptr> links;
+  std::condition_variable revoke_cv;  // with links_mutex: revoke acks and link deaths
+  std::map<std::pair<detail::importer_link*, std::uint32_t>, int> revokes_pending;
+
+  std::mutex requests_mutex;
+  std::unordered_map<std::uint64_t, std::shared_ptr<detail::op>> requests;
+
+  std::mutex pending_mutex;  // notifications that arrived through the fabric
+  std::deque<notification> pending;
+  std::atomic<bool> pending_nonempty{false};
+  std::recursive_mutex dispatch_mutex;  // handlers never run concurrently
+  bool armed = false;                   // prepare_wait() set the wake flag
+
+  std::thread control_thread;
+  detail::unique_fd control_wakeup;
+  std::atomic<bool> stopping{false};
+  std::atomic<std::int64_t> last_app_poll_ns{0};
+  std::atomic<bool> control_watching_fabric{false};
+  std::atomic<int> acks_owed{0};  // imports that owe their exporter a revoke ack
+
+  struct atomic_counters {
+    std::atomic<std::uint64_t> sends{0}, fetches{0}, notifications_sent{0},
+        notifications_received{0}, bytes_sent{0}, bytes_fetched{0};
+  } count;
+};
+
+}  // namespace vmmc::core

@@ -1,0 +1,181 @@
+// Exports: offering memory, answering import requests (policy check), and
+// withdrawing an export only after every importer has stopped writing to it.
+#include <unistd.h>
+
+#include "core.h"
+
+namespace vmmc::core {
+
+using namespace detail;
+
+context::impl::export_ptr context::impl::find_export(std::uint32_t id) const {
+  std::shared_lock lock(exports_mutex);
+  auto it = exports.find(id);
+  return it == exports.end() ? nullptr : it->second;
+}
+
+std::shared_ptr<segment> context::impl::find_segment(const void* base, std::size_t length,
+                                                     std::uint64_t& offset) {
+  std::lock_guard lock(segments_mutex);
+  auto address = reinterpret_cast<std::uintptr_t>(base);
+  auto it = segments.upper_bound(address);
+  if (it == segments.begin()) return nullptr;
+  auto seg = std::prev(it)->second.lock();
+  if (!seg) return nullptr;
+  auto start = reinterpret_cast<std::uintptr_t>(seg->base);
+  if (address + length > start + seg->size) return nullptr;
+  offset = address - start;
+  return seg;
+}
+
+result<export_handle> context::impl::export_buffer(std::string_view name, void* base,
+                                                   std::size_t length, export_options options) {
+  if (!base || length == 0 || name.empty() || name.size() > wire::max_name_length ||
+      options.allowed == rights::none)
+    return errc::invalid_argument;
+  auto e = std::make_shared<export_entry>();
+  e->name = name;
+  e->base = static_cast<std::byte*>(base);
+  e->length = length;
+  e->allowed = options.allowed;
+  e->policy = std::move(options.policy);
+  e->on_notify = std::move(options.on_notify);
+  e->seg = find_segment(base, length, e->segment_offset);
+
+  // Registration takes endpoint locks, which progress holds while it looks
+  // exports up: register before taking exports_mutex, never under it.
+  auto release_mrs = [&] {
+    for (fabric_mr& m : e->mrs) m.endpoint->deregister_export(m);
+  };
+  for (auto& endpoint : endpoints) {
+    auto mr = endpoint->register_export(base, length, e->allowed);
+    if (!mr) {
+      release_mrs();
+      return mr.error();
+    }
+    e->mrs.push_back(*mr);
+  }
+  std::unique_lock lock(exports_mutex);
+  if (export_names.count(e->name)) {
+    lock.unlock();
+    release_mrs();
+    return errc::already_exists;
+  }
+  e->id = next_export_id++;
+  exports.emplace(e->id, e);
+  export_names.emplace(e->name, e->id);
+  return export_handle{e->id};
+}
+
+status context::impl::unexport_buffer(export_handle handle) {
+  export_ptr e;
+  {
+    std::unique_lock lock(exports_mutex);
+    auto it = exports.find(handle.id);
+    if (it == exports.end()) return errc::unknown_handle;
+    e = it->second;
+    exports.erase(it);
+    export_names.erase(e->name);
+    e->live.store(false);
+  }
+  // Ask every importer to stop and wait for its acknowledgement: after it, no
+  // mapped copy or fabric write of theirs can still land in this memory.
+  {
+    std::unique_lock lock(links_mutex);
+    std::vector<link_ptr> asked;
+    for (const link_ptr& link : links) {
+      if (!link->alive || !link->imported.count(e->id)) continue;
+      wire::revoke_body body{e->id, 0};
+      if (link->conn->write_frame(wire::frame_type::revoke, &body, sizeof body)) {
+        revokes_pending[{link.get(), e->id}] = 1;
+        asked.push_back(link);
+      }
+    }
+    auto all_acknowledged = [&] {
+      for (const link_ptr& link : asked)
+        if (link->alive && revokes_pending.count({link.get(), e->id})) return false;
+      return true;
+    };
+    if (!revoke_cv.wait_for(lock, std::chrono::seconds(2), all_acknowledged))
+      VMMC_WARN("export %s withdrawn without every importer's acknowledgement", e->name.c_str());
+    for (const link_ptr& link : asked) {
+      revokes_pending.erase({link.get(), e->id});
+      link->imported.erase(e->id);
+    }
+  }
+  for (fabric_mr& m : e->mrs) m.endpoint->deregister_export(m);
+  return {};
+}
+
+void context::impl::handle_import_request(const link_ptr& link, const frame& f) {
+  wire::import_request_body req{};
+  wire::import_reply_body reply{};
+  std::vector<int> fds;
+  auto answer = [&](errc code) {
+    reply.status = static_cast<std::uint32_t>(code);
+    if (!link->conn->write_frame(wire::frame_type::import_reply, &reply, sizeof reply, fds))
+      link->alive = false;
+  };
+  if (!f.body_as(req) || req.name_length > wire::max_name_length ||
+      f.body.size() != sizeof req + req.name_length) {
+    link->alive = false;  // malformed: drop this importer, keep serving the rest
+    return;
+  }
+  reply.request_id = req.request_id;
+  std::string name(reinterpret_cast<const char*>(f.body.data() + sizeof req), req.name_length);
+  std::string provider(req.provider, strnlen(req.provider, sizeof req.provider));
+
+  export_ptr e;
+  {
+    std::shared_lock lock(exports_mutex);
+    auto it = export_names.find(name);
+    if (it != export_names.end()) e = exports.at(it->second);
+  }
+  if (!e) return answer(errc::unknown_export);
+  switch (e->policy.who) {
+    case import_policy::kind::anyone: break;
+    case import_policy::kind::same_user:
+      if (link->address.uid != self.uid) return answer(errc::permission_denied);
+      break;
+    case import_policy::kind::named_peers: {
+      bool listed = false;
+      for (const std::string& p : e->policy.peers) listed |= (p == link->blob);
+      if (!listed) return answer(errc::permission_denied);
+      break;
+    }
+  }
+  reply.export_id = e->id;
+  reply.length = e->length;
+  reply.rights = static_cast<std::uint32_t>(e->allowed);
+  if (req.want_mapped && e->seg && link->conn->is_unix()) {
+    reply.mapped = 1;
+    reply.segment_offset = e->segment_offset;
+    fds.push_back(e->seg->fd.get());
+  } else {
+    const fabric_mr* mr = nullptr;
+    for (const fabric_mr& m : e->mrs)
+      if (m.endpoint->short_name() == provider) mr = &m;
+    if (!mr) return answer(errc::unreachable);
+    reply.remote_address = mr->remote_address;
+    reply.key = mr->key;
+  }
+  // Count the import under links_mutex after re-checking liveness, so that a
+  // concurrent unexport either sees this import (and revokes it) or we see it
+  // gone.
+  {
+    std::lock_guard lock(links_mutex);
+    if (!e->live) return answer(errc::unknown_export);
+    ++link->imported[e->id];
+  }
+  answer(errc::ok);
+}
+
+void context::impl::handle_unimport(const link_ptr& link, const frame& f) {
+  wire::unimport_body body{};
+  if (!f.body_as(body)) return;
+  std::lock_guard lock(links_mutex);
+  auto it = link->imported.find(body.export_id);
+  if (it != link->imported.end() && --it->second <= 0) link->imported.erase(it);
+}
+
+}  // namespace vmmc::core

@@ -1,0 +1,451 @@
+// fabric_endpoint: one libfabric provider's reliable-datagram endpoint, with
+// its completion queue, address vector, receive slots for our messages and
+// registered bounce buffers for copied (inline) transfers.
+#include <poll.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+
+#include "core.h"
+
+namespace vmmc::core::detail {
+
+namespace {
+constexpr std::size_t receive_slots = 64;
+constexpr std::size_t bounce_slots = 64;
+constexpr int cq_batch = 16;
+
+std::string full_provider_name(const std::string& short_name) {
+  if (short_name == "tcp" || short_name == "verbs") return short_name + ";ofi_rxm";
+  return short_name;
+}
+
+std::error_code fabric_error_code(ssize_t rc) {
+  if (rc == -FI_ECONNREFUSED || rc == -FI_ECONNRESET || rc == -FI_ENOTCONN ||
+      rc == -FI_EHOSTUNREACH || rc == -FI_ECONNABORTED || rc == -FI_EIO)
+    return errc::peer_gone;
+  if (rc == -FI_EACCES || rc == -FI_EKEYREJECTED) return errc::permission_denied;
+  return errc::fabric_error;
+}
+}  // namespace
+
+std::string fabric_endpoint::full_name() const { return full_provider_name(short_name_); }
+
+result<std::unique_ptr<fabric_endpoint>> fabric_endpoint::open(const std::string& short_name,
+                                                               const std::string& tcp_address,
+                                                               std::size_t inline_max,
+                                                               std::size_t utlb_limit,
+                                                               message_sink sink) {
+  std::unique_ptr<fabric_endpoint> e(new fabric_endpoint());
+  e->short_name_ = short_name;
+  e->sink_ = std::move(sink);
+  e->inline_max_ = inline_max;
+
+  fi_info* hints = fi_allocinfo();
+  hints->ep_attr->type = FI_EP_RDM;
+  hints->caps = FI_MSG | FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE |
+                FI_SEND | FI_RECV;
+  hints->mode = FI_CONTEXT | FI_CONTEXT2;
+  hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
+  hints->domain_attr->threading = FI_THREAD_DOMAIN;
+  // Deliberate updates, their notifications and fetches stay in issue order.
+  hints->tx_attr->msg_order = FI_ORDER_SAW | FI_ORDER_WAW | FI_ORDER_SAS | FI_ORDER_RAW;
+  hints->fabric_attr->prov_name = ::strdup(full_provider_name(short_name).c_str());
+  const bool ip_based = short_name != "shm";
+  int rc = fi_getinfo(FI_VERSION(1, 17), ip_based ? tcp_address.c_str() : nullptr, nullptr,
+                      ip_based ? FI_SOURCE : 0, hints, &e->info_);
+  fi_freeinfo(hints);
+  if (rc != 0) {
+    VMMC_WARN("provider %s unavailable: %s", short_name.c_str(), fi_strerror(-rc));
+    return errc::unreachable;
+  }
+  fi_info* info = e->info_;
+  e->virt_addr_ = info->domain_attr->mr_mode & FI_MR_VIRT_ADDR;
+  e->prov_key_ = info->domain_attr->mr_mode & FI_MR_PROV_KEY;
+  e->local_mr_ = info->domain_attr->mr_mode & FI_MR_LOCAL;
+  e->inject_size_ = info->tx_attr->inject_size;
+
+  if ((rc = fi_fabric(info->fabric_attr, &e->fabric_, nullptr)) ||
+      (rc = fi_domain(e->fabric_, info, &e->domain_, nullptr)))
+    return errc::unreachable;
+  fi_av_attr av_attr{};
+  av_attr.type = FI_AV_UNSPEC;
+  if ((rc = fi_av_open(e->domain_, &av_attr, &e->av_, nullptr))) return errc::fabric_error;
+
+  fi_cq_attr cq_attr{};
+  cq_attr.format = FI_CQ_FORMAT_DATA;
+  cq_attr.size = 1024;
+  cq_attr.wait_obj = FI_WAIT_FD;  // lets idle waiters sleep; shm has none
+  if (fi_cq_open(e->domain_, &cq_attr, &e->cq_, nullptr) != 0) {
+    cq_attr.wait_obj = FI_WAIT_NONE;
+    if ((rc = fi_cq_open(e->domain_, &cq_attr, &e->cq_, nullptr))) return errc::fabric_error;
+  } else if (fi_control(&e->cq_->fid, FI_GETWAIT, &e->wait_fd_) != 0) {
+    e->wait_fd_ = -1;
+  }
+
+  if ((rc = fi_endpoint(e->domain_, info, &e->ep_, nullptr)) ||
+      (rc = fi_ep_bind(e->ep_, &e->av_->fid, 0)) ||
+      (rc = fi_ep_bind(e->ep_, &e->cq_->fid, FI_TRANSMIT | FI_RECV)) ||
+      (rc = fi_enable(e->ep_))) {
+    VMMC_ERROR("endpoint on %s: %s", short_name.c_str(), fi_strerror(-rc));
+    return errc::fabric_error;
+  }
+  std::size_t name_length = 256;
+  e->name_.resize(name_length);
+  if (fi_getname(&e->ep_->fid, e->name_.data(), &name_length) != 0) return errc::fabric_error;
+  e->name_.resize(name_length);
+
+  // Receive slots: header + inline payload each. Registered in case the
+  // provider wants local descriptors (FI_MR_LOCAL).
+  e->slot_size_ = sizeof(wire::message_header) + inline_max;
+  e->receive_pool_.resize(e->slot_size_ * receive_slots);
+  e->receive_contexts_.resize(receive_slots);
+  e->bounce_pool_.resize(e->slot_size_ * bounce_slots);
+  std::uint64_t key = e->next_key_++;
+  if (fi_mr_reg(e->domain_, e->receive_pool_.data(), e->receive_pool_.size(), FI_RECV, 0, key, 0,
+                &e->receive_mr_, nullptr) != 0)
+    return errc::fabric_error;
+  key = e->next_key_++;
+  if (fi_mr_reg(e->domain_, e->bounce_pool_.data(), e->bounce_pool_.size(),
+                FI_SEND | FI_WRITE | FI_READ, 0, key, 0, &e->bounce_mr_, nullptr) != 0)
+    return errc::fabric_error;
+  for (int i = bounce_slots - 1; i >= 0; --i) e->free_bounce_.push_back(i);
+  for (std::size_t i = 0; i < receive_slots; ++i) e->repost_receive(i);
+
+  e->utlb_ = std::make_unique<reg_cache>(*e, utlb_limit);
+  VMMC_DEBUG("opened %s (mr_mode %#x, inject %zu, wait fd %d)", e->full_name().c_str(),
+             info->domain_attr->mr_mode, e->inject_size_, e->wait_fd_);
+  return e;
+}
+
+fabric_endpoint::~fabric_endpoint() {
+  utlb_.reset();  // deregisters cached local registrations first
+  if (ep_) fi_close(&ep_->fid);
+  if (receive_mr_) fi_close(&receive_mr_->fid);
+  if (bounce_mr_) fi_close(&bounce_mr_->fid);
+  if (cq_) fi_close(&cq_->fid);
+  if (av_) fi_close(&av_->fid);
+  if (domain_) fi_close(&domain_->fid);
+  if (fabric_) fi_close(&fabric_->fid);
+  if (info_) fi_freeinfo(info_);
+}
+
+void fabric_endpoint::repost_receive(std::size_t slot) {
+  void* buffer = receive_pool_.data() + slot * slot_size_;
+  for (;;) {
+    ssize_t rc = fi_recv(ep_, buffer, slot_size_, fi_mr_desc(receive_mr_), FI_ADDR_UNSPEC,
+                         &receive_contexts_[slot]);
+    if (rc != -FI_EAGAIN) {
+      if (rc) VMMC_ERROR("fi_recv: %s", fi_strerror(static_cast<int>(-rc)));
+      return;
+    }
+    progress_locked();
+  }
+}
+
+result<fi_addr_t> fabric_endpoint::insert_peer(const std::vector<std::uint8_t>& address) {
+  std::lock_guard lock(mutex_);
+  fi_addr_t a = FI_ADDR_NOTAVAIL;
+  if (fi_av_insert(av_, address.data(), 1, &a, 0, nullptr) != 1) return errc::unreachable;
+  return a;
+}
+
+void fabric_endpoint::remove_peer(fi_addr_t address) {
+  std::lock_guard lock(mutex_);
+  fi_av_remove(av_, &address, 1, 0);
+}
+
+result<fabric_mr> fabric_endpoint::register_export(void* base, std::size_t length,
+                                                   rights allowed) {
+  std::uint64_t access = 0;
+  if (has_right(allowed, rights::write)) access |= FI_REMOTE_WRITE;
+  if (has_right(allowed, rights::read)) access |= FI_REMOTE_READ;
+  fabric_mr m;
+  m.endpoint = this;
+  std::lock_guard lock(mutex_);
+  std::uint64_t key = next_key_++;
+  if (fi_mr_reg(domain_, base, length, access, 0, key, 0, &m.mr, nullptr) != 0)
+    return errc::fabric_error;
+  m.key = prov_key_ ? fi_mr_key(m.mr) : key;
+  m.remote_address = virt_addr_ ? reinterpret_cast<std::uint64_t>(base) : 0;
+  return m;
+}
+
+void fabric_endpoint::deregister_export(fabric_mr& m) {
+  std::lock_guard lock(mutex_);
+  if (m.mr) fi_close(&m.mr->fid);
+  m.mr = nullptr;
+}
+
+result<registration> fabric_endpoint::register_memory(const void* address, std::size_t length) {
+  fid_mr* mr = nullptr;
+  std::lock_guard lock(mutex_);
+  if (fi_mr_reg(domain_, address, length, FI_SEND | FI_RECV | FI_READ | FI_WRITE, 0, next_key_++,
+                0, &mr, nullptr) != 0)
+    return errc::resource_exhausted;
+  return registration{fi_mr_desc(mr), reinterpret_cast<std::uint64_t>(mr)};
+}
+
+void fabric_endpoint::deregister_memory(const registration& r) {
+  std::lock_guard lock(mutex_);
+  fi_close(&reinterpret_cast<fid_mr*>(r.token)->fid);
+}
+
+void fabric_endpoint::begin(const std::shared_ptr<op>& o) {
+  o->parts.store(1, std::memory_order_relaxed);  // the posting guard
+  std::lock_guard lock(mutex_);
+  in_flight_.emplace(o.get(), o);
+}
+
+void fabric_endpoint::finish_posting(const std::shared_ptr<op>& o, std::error_code error) {
+  std::lock_guard lock(mutex_);
+  complete(o.get(), error);
+}
+
+template <class Post>
+status fabric_endpoint::post_retrying(Post&& post, const std::atomic<bool>& peer_alive) {
+  for (int spins = 0;; ++spins) {
+    {
+      std::lock_guard lock(mutex_);
+      ssize_t rc = post();
+      if (rc == 0) return {};
+      if (rc != -FI_EAGAIN) return fabric_error_code(rc);
+      progress_locked();
+    }
+    if (!peer_alive.load(std::memory_order_acquire)) return errc::peer_gone;
+    if (spins > 1000) std::this_thread::yield();
+  }
+}
+
+int fabric_endpoint::take_bounce_slot(const std::atomic<bool>& peer_alive) {
+  for (;;) {
+    {
+      std::lock_guard lock(mutex_);
+      if (!free_bounce_.empty()) {
+        int slot = free_bounce_.back();
+        free_bounce_.pop_back();
+        return slot;
+      }
+      progress_locked();
+    }
+    if (!peer_alive.load(std::memory_order_acquire)) return -1;
+    std::this_thread::yield();
+  }
+}
+
+void fabric_endpoint::give_bounce_slot(int slot) { free_bounce_.push_back(slot); }
+
+status fabric_endpoint::post_write(const std::shared_ptr<op>& o, fi_addr_t peer,
+                                   const void* source, std::size_t length,
+                                   std::uint64_t remote_address, std::uint64_t key,
+                                   const std::atomic<bool>& peer_alive) {
+  if (length <= inject_size_) {  // copied by the provider: nothing to complete
+    return post_retrying(
+        [&] { return fi_inject_write(ep_, source, length, peer, remote_address, key); },
+        peer_alive);
+  }
+  if (length <= inline_max_) {  // copied into a registered bounce buffer
+    int slot = take_bounce_slot(peer_alive);
+    if (slot < 0) return errc::peer_gone;
+    std::byte* bounce = bounce_pool_.data() + static_cast<std::size_t>(slot) * slot_size_;
+    std::memcpy(bounce, source, length);
+    o->parts.fetch_add(1, std::memory_order_relaxed);
+    o->bounce_slot = slot;
+    status s = post_retrying(
+        [&] {
+          return fi_write(ep_, bounce, length, fi_mr_desc(bounce_mr_), peer, remote_address, key,
+                          o.get());
+        },
+        peer_alive);
+    if (!s) {
+      std::lock_guard lock(mutex_);
+      complete(o.get(), s.error());
+    }
+    return s;
+  }
+  // Zero copy from the caller's memory, registered through the UTLB.
+  auto lease = utlb_->acquire(source, length);
+  if (!lease) return lease.error();
+  void* desc = lease->descriptor();
+  o->lease.emplace(std::move(*lease));
+  o->parts.fetch_add(1, std::memory_order_relaxed);
+  status s = post_retrying(
+      [&] { return fi_write(ep_, source, length, desc, peer, remote_address, key, o.get()); },
+      peer_alive);
+  if (!s) {
+    std::lock_guard lock(mutex_);
+    complete(o.get(), s.error());
+  }
+  return s;
+}
+
+status fabric_endpoint::post_read(const std::shared_ptr<op>& o, fi_addr_t peer, void* destination,
+                                  std::size_t length, std::uint64_t remote_address,
+                                  std::uint64_t key, const std::atomic<bool>& peer_alive) {
+  void* target = destination;
+  void* desc = nullptr;
+  if (length <= inline_max_) {  // read into a bounce buffer, copy out on completion
+    int slot = take_bounce_slot(peer_alive);
+    if (slot < 0) return errc::peer_gone;
+    o->bounce_slot = slot;
+    o->copy_to = destination;
+    o->copy_length = length;
+    target = bounce_pool_.data() + static_cast<std::size_t>(slot) * slot_size_;
+    desc = fi_mr_desc(bounce_mr_);
+  } else {
+    auto lease = utlb_->acquire(destination, length);
+    if (!lease) return lease.error();
+    desc = lease->descriptor();
+    o->lease.emplace(std::move(*lease));
+  }
+  o->parts.fetch_add(1, std::memory_order_relaxed);
+  status s = post_retrying(
+      [&] { return fi_read(ep_, target, length, desc, peer, remote_address, key, o.get()); },
+      peer_alive);
+  if (!s) {
+    std::lock_guard lock(mutex_);
+    complete(o.get(), s.error());
+  }
+  return s;
+}
+
+status fabric_endpoint::post_message(const std::shared_ptr<op>& o, fi_addr_t peer,
+                                     const wire::message_header& header, const void* payload,
+                                     const std::atomic<bool>& peer_alive) {
+  const std::size_t payload_length =
+      header.type == static_cast<std::uint32_t>(wire::message_type::inline_update) ? header.length
+                                                                                    : 0;
+  const std::size_t total = sizeof header + payload_length;
+  std::byte message[sizeof header + 4096];
+  if (total <= inject_size_ && total <= sizeof message) {
+    std::memcpy(message, &header, sizeof header);
+    if (payload_length) std::memcpy(message + sizeof header, payload, payload_length);
+    return post_retrying([&] { return fi_inject(ep_, message, total, peer); }, peer_alive);
+  }
+  int slot = take_bounce_slot(peer_alive);
+  if (slot < 0) return errc::peer_gone;
+  std::byte* bounce = bounce_pool_.data() + static_cast<std::size_t>(slot) * slot_size_;
+  std::memcpy(bounce, &header, sizeof header);
+  if (payload_length) std::memcpy(bounce + sizeof header, payload, payload_length);
+  // A message and a bounced write of the same op each hold their own slot:
+  // the message's slot is tracked by a second op part with its own context.
+  auto part = std::make_shared<op>();
+  part->bounce_slot = slot;
+  part->parent = o;
+  o->parts.fetch_add(1, std::memory_order_relaxed);
+  part->parts.store(1, std::memory_order_relaxed);
+  {
+    std::lock_guard lock(mutex_);
+    in_flight_.emplace(part.get(), part);
+  }
+  status s = post_retrying(
+      [&] { return fi_send(ep_, bounce, total, fi_mr_desc(bounce_mr_), peer, part.get()); },
+      peer_alive);
+  if (!s) {
+    std::lock_guard lock(mutex_);
+    complete(part.get(), s.error());
+  }
+  return s;
+}
+
+// Called with mutex_ held.
+void fabric_endpoint::complete(op* o, std::error_code error) {
+  if (error && !o->error) o->error = error;
+  if (o->parts.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  if (o->bounce_slot >= 0) {
+    if (o->copy_to && !o->error)
+      std::memcpy(o->copy_to,
+                  bounce_pool_.data() + static_cast<std::size_t>(o->bounce_slot) * slot_size_,
+                  o->copy_length);
+    give_bounce_slot(o->bounce_slot);
+    o->bounce_slot = -1;
+  }
+  o->lease.reset();
+  std::shared_ptr<op> keep = std::move(in_flight_[o]);
+  in_flight_.erase(o);
+  if (auto parent = std::move(o->parent)) {
+    complete(parent.get(), o->error);
+    return;
+  }
+  if (o->import) o->import->in_flight.fetch_sub(1, std::memory_order_acq_rel);
+  o->done.store(true, std::memory_order_release);
+}
+
+std::size_t fabric_endpoint::progress_locked() {
+  fi_cq_data_entry entries[cq_batch];
+  std::size_t handled = 0;
+  for (;;) {
+    ssize_t n = fi_cq_read(cq_, entries, cq_batch);
+    if (n == -FI_EAVAIL) {
+      fi_cq_err_entry err{};
+      if (fi_cq_readerr(cq_, &err, 0) != 1) break;
+      auto* ctx = static_cast<fi_context2*>(err.op_context);
+      if (ctx >= receive_contexts_.data() && ctx < receive_contexts_.data() + receive_slots) {
+        repost_receive(static_cast<std::size_t>(ctx - receive_contexts_.data()));
+      } else if (err.op_context) {
+        VMMC_WARN("%s completion error: %s", short_name_.c_str(),
+                  fi_cq_strerror(cq_, err.prov_errno, err.err_data, nullptr, 0));
+        complete(static_cast<op*>(err.op_context), fabric_error_code(-err.err));
+      }
+      ++handled;
+      continue;
+    }
+    if (n <= 0) break;
+    for (ssize_t i = 0; i < n; ++i) {
+      const fi_cq_data_entry& e = entries[i];
+      auto* ctx = static_cast<fi_context2*>(e.op_context);
+      if ((e.flags & FI_RECV) && ctx >= receive_contexts_.data() &&
+          ctx < receive_contexts_.data() + receive_slots) {
+        std::size_t slot = static_cast<std::size_t>(ctx - receive_contexts_.data());
+        const std::byte* data = receive_pool_.data() + slot * slot_size_;
+        wire::message_header h;
+        if (e.len >= sizeof h) {
+          std::memcpy(&h, data, sizeof h);
+          sink_(h, data + sizeof h, e.len - sizeof h);
+        }
+        repost_receive(slot);
+      } else if (e.op_context) {
+        complete(static_cast<op*>(e.op_context), {});
+      }
+    }
+    handled += static_cast<std::size_t>(n);
+  }
+  return handled;
+}
+
+std::size_t fabric_endpoint::progress() {
+  std::lock_guard lock(mutex_);
+  return progress_locked();
+}
+
+std::size_t fabric_endpoint::try_progress() {
+  std::unique_lock lock(mutex_, std::try_to_lock);
+  return lock.owns_lock() ? progress_locked() : 0;
+}
+
+bool fabric_endpoint::try_arm_wait() {
+  if (wait_fd_ < 0) return false;
+  fid* fids[1] = {&cq_->fid};
+  std::lock_guard lock(mutex_);
+  return fi_trywait(fabric_, fids, 1) == FI_SUCCESS;
+}
+
+void fabric_endpoint::sleep_for_completions(std::chrono::microseconds timeout) {
+  if (wait_fd_ >= 0) {
+    if (!try_arm_wait()) return;  // something is ready
+    pollfd p{wait_fd_, POLLIN, 0};
+    ::poll(&p, 1, static_cast<int>(std::max<std::int64_t>(1, timeout.count() / 1000)));
+    return;
+  }
+  // No wait object (shm): nap briefly; the caller bounds the total.
+  std::this_thread::sleep_for(std::min(timeout, std::chrono::microseconds(50)));
+}
+
+}  // namespace vmmc::core::detail

@@ -1,0 +1,216 @@
+// Imports: connecting to an exporter (hello), asking for an export, building
+// the destination proxy on the mapped or the fabric path, and giving it up.
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "core.h"
+
+namespace vmmc::core {
+
+using namespace detail;
+
+context::impl::import_ptr context::impl::find_import(import_handle handle) const {
+  std::shared_lock lock(imports_mutex);
+  auto it = imports.find(handle.id);
+  return it == imports.end() ? nullptr : it->second;
+}
+
+result<context::impl::peer_ptr> context::impl::connect_peer(std::string_view blob_text,
+                                                            clock::time_point deadline) {
+  auto address = decode_address(blob_text);
+  if (!address) return address.error();
+  std::string key(blob_text);
+  std::lock_guard lock(peers_mutex);
+  if (auto it = peers.find(key); it != peers.end()) {
+    if (it->second->alive) return it->second;
+    peers.erase(it);
+  }
+  auto peer = std::make_shared<remote_peer>();
+  peer->address = std::move(*address);
+  peer->blob = key;
+  peer->same_host = peer->address.host == self.host;
+
+  result<unique_fd> fd = errc::unreachable;
+  if (peer->same_host)
+    fd = connect_unix(control_socket_name(peer->address.pid, peer->address.nonce), deadline);
+  else if (!peer->address.control_tcp.empty())
+    fd = connect_tcp(peer->address.control_tcp, deadline);
+  if (!fd) return fd.error();
+  peer->conn = std::make_unique<connection>(std::move(*fd), peer->same_host);
+
+  std::vector<std::uint8_t> hello(sizeof(wire::hello_body) + blob.size());
+  wire::hello_body h{self.uid, self.pid, static_cast<std::uint32_t>(blob.size())};
+  std::memcpy(hello.data(), &h, sizeof h);
+  std::memcpy(hello.data() + sizeof h, blob.data(), blob.size());
+  if (auto s = peer->conn->write_frame(wire::frame_type::hello, hello.data(), hello.size()); !s)
+    return s.error();
+  auto reply = peer->conn->read_one(deadline);
+  if (!reply) return reply.error();
+  wire::hello_reply_body r{};
+  if (reply->type != wire::frame_type::hello_reply || !reply->body_as(r))
+    return errc::protocol_error;
+  if (r.status != 0) return static_cast<errc>(r.status);
+  if (r.has_wake_fds) {
+    if (reply->fds.size() != 3) return errc::protocol_error;
+    auto wake_map = mapping::map(reply->fds[0].get(), 0, sizeof(wake_page), true);
+    auto ring_map = mapping::map(reply->fds[2].get(), 0, sizeof(notify_ring), true);
+    if (!wake_map || !ring_map) return errc::protocol_error;
+    peer->wake_map = std::move(*wake_map);
+    peer->ring_map = std::move(*ring_map);
+    peer->wake_eventfd = std::move(reply->fds[1]);
+  }
+  peers.emplace(key, peer);
+  wake_control_thread();  // start watching the new connection
+  return peer;
+}
+
+result<import_handle> context::impl::import_buffer(std::string_view peer_blob,
+                                                   std::string_view name,
+                                                   std::chrono::milliseconds timeout) {
+  if (name.empty() || name.size() > wire::max_name_length) return errc::invalid_argument;
+  auto deadline = clock::now() + timeout;
+  auto peer = connect_peer(peer_blob, deadline);
+  if (!peer) return peer.error();
+  peer_ptr p = std::move(*peer);
+
+  // Path: the mapped one when the exporter can hand us its memfd; else the
+  // first provider both ends have (shm only within a host).
+  const bool want_mapped = mapped_enabled && p->same_host && p->wake_map;
+  fabric_endpoint* endpoint = nullptr;
+  for (auto& e : endpoints) {
+    if ((e->short_name() == "shm") != p->same_host && endpoints.size() > 1) continue;
+    if (p->address.fabric_for(e->short_name())) {
+      endpoint = e.get();
+      break;
+    }
+  }
+  if (!endpoint)  // e.g. a same-host peer reachable only over tcp
+    for (auto& e : endpoints)
+      if (p->address.fabric_for(e->short_name()) && (e->short_name() != "shm" || p->same_host)) {
+        endpoint = e.get();
+        break;
+      }
+  if (!want_mapped && !endpoint) return errc::unreachable;
+
+  wire::import_request_body req{};
+  req.request_id = next_request_id++;
+  req.want_mapped = want_mapped;
+  req.name_length = static_cast<std::uint32_t>(name.size());
+  if (endpoint)
+    std::strncpy(req.provider, endpoint->short_name().c_str(), sizeof req.provider - 1);
+  std::vector<std::uint8_t> body(sizeof req + name.size());
+  std::memcpy(body.data(), &req, sizeof req);
+  std::memcpy(body.data() + sizeof req, name.data(), name.size());
+  if (auto s = p->conn->write_frame(wire::frame_type::import_request, body.data(), body.size());
+      !s)
+    return s.error();
+
+  frame f;
+  {
+    std::unique_lock lock(p->reply_mutex);
+    bool answered = p->reply_cv.wait_until(lock, deadline, [&] {
+      return p->replies.count(req.request_id) || !p->alive;
+    });
+    if (!p->replies.count(req.request_id)) return answered ? errc::peer_gone : errc::timed_out;
+    f = std::move(p->replies[req.request_id]);
+    p->replies.erase(req.request_id);
+  }
+  wire::import_reply_body r{};
+  if (!f.body_as(r)) return errc::protocol_error;
+  if (r.status != 0) return static_cast<errc>(r.status);
+
+  auto imp = std::make_shared<import_entry>();
+  imp->peer = p;
+  imp->export_id = r.export_id;
+  imp->length = r.length;
+  imp->allowed = static_cast<rights>(r.rights & 3);
+  if (r.mapped) {
+    if (f.fds.size() != 1) return errc::protocol_error;
+    auto m = mapping::map(f.fds[0].get(), r.segment_offset, r.length,
+                          has_right(imp->allowed, rights::write));
+    if (!m) return m.error();
+    imp->map = std::move(*m);
+  } else {
+    if (!endpoint) return errc::protocol_error;
+    std::lock_guard lock(p->av_mutex);
+    auto it = p->fi_addresses.find(endpoint);
+    if (it == p->fi_addresses.end()) {
+      auto a = endpoint->insert_peer(*p->address.fabric_for(endpoint->short_name()));
+      if (!a) return a.error();
+      it = p->fi_addresses.emplace(endpoint, *a).first;
+    }
+    imp->endpoint = endpoint;
+    imp->fi_address = it->second;
+    imp->remote_address = r.remote_address;
+    imp->key = r.key;
+  }
+  std::unique_lock lock(imports_mutex);
+  imp->id = next_import_id++;
+  imports.emplace(imp->id, imp);
+  return import_handle{imp->id};
+}
+
+status context::impl::unimport_buffer(import_handle handle) {
+  import_ptr imp;
+  {
+    std::unique_lock lock(imports_mutex);
+    auto it = imports.find(handle.id);
+    if (it == imports.end()) return errc::unknown_handle;
+    imp = std::move(it->second);
+    imports.erase(it);
+  }
+  if (imp->peer->alive) {
+    wire::unimport_body body{imp->export_id, 0};
+    (void)imp->peer->conn->write_frame(wire::frame_type::unimport, &body, sizeof body);
+  }
+  return {};
+}
+
+void context::impl::handle_revoke(const peer_ptr& peer, const frame& f) {
+  wire::revoke_body body{};
+  if (!f.body_as(body)) return;
+  bool owed = false;
+  {
+    std::shared_lock lock(imports_mutex);
+    for (auto& [id, imp] : imports) {
+      if (imp->peer != peer || imp->export_id != body.export_id) continue;
+      std::unique_lock state(imp->state_mutex);  // waits out running mapped copies
+      imp->revoked = true;
+      if (imp->in_flight.load() > 0) {
+        imp->ack_owed = true;  // the control loop acknowledges once they drain
+        acks_owed.fetch_add(1);
+        owed = true;
+      }
+    }
+  }
+  if (!owed) (void)peer->conn->write_frame(wire::frame_type::revoke_ack, &body, sizeof body);
+}
+
+void context::impl::send_revoke_ack(import_entry& imp) {
+  wire::revoke_body body{imp.export_id, 0};
+  (void)imp.peer->conn->write_frame(wire::frame_type::revoke_ack, &body, sizeof body);
+}
+
+std::error_code context::impl::classify_failure(const import_entry& imp, std::error_code error) {
+  if (!error || error == errc::peer_gone) return error;
+  // A transport error is often the first sign of a dead peer (a reset tcp
+  // connection); the control connection tells for sure.
+  if (!imp.peer->alive || imp.peer->conn->closed_by_peer()) {
+    peer_died(imp.peer);
+    return errc::peer_gone;
+  }
+  return error;
+}
+
+void context::impl::peer_died(const peer_ptr& peer) {
+  if (!peer->alive.exchange(false)) return;
+  VMMC_DEBUG("exporter pid %u is gone", peer->address.pid);
+  {
+    std::lock_guard lock(peer->reply_mutex);
+  }
+  peer->reply_cv.notify_all();
+  std::lock_guard lock(peers_mutex);
+  if (auto it = peers.find(peer->blob); it != peers.end() && it->second == peer) peers.erase(it);
+}
+
+}  // namespace vmmc::core

@@ -1,0 +1,130 @@
+// Notifications: arriving through the mapped rings or as fabric messages,
+// dispatched to export handlers in the polling thread; sleeping and waking.
+#include <poll.h>
+#include <unistd.h>
+
+#include "core.h"
+
+namespace vmmc::core {
+
+using namespace detail;
+
+void context::impl::on_fabric_message(const wire::message_header& h, const std::byte* payload,
+                                      std::size_t length) {
+  if (h.magic != wire::message_magic) return;
+  export_ptr e = find_export(h.export_id);
+  // The importer checked all of this; we check again, as a peer may lie.
+  if (!e || !e->live || h.offset > e->length || h.length > e->length - h.offset) {
+    VMMC_WARN("dropped a message for export %u outside its bounds", h.export_id);
+    return;
+  }
+  if (h.type == static_cast<std::uint32_t>(wire::message_type::inline_update)) {
+    if (length < h.length || !has_right(e->allowed, rights::write)) return;
+    std::memcpy(e->base + h.offset, payload, h.length);
+  } else if (h.type != static_cast<std::uint32_t>(wire::message_type::notify)) {
+    return;
+  }
+  if (h.notify) enqueue_notification({h.export_id, h.offset, h.length, h.value});
+}
+
+void context::impl::enqueue_notification(const notification& n) {
+  {
+    std::lock_guard lock(pending_mutex);
+    pending.push_back(n);
+    pending_nonempty.store(true, std::memory_order_release);
+  }
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (wake->sleeping.load(std::memory_order_relaxed)) wake_waiter();
+}
+
+void context::impl::wake_waiter() {
+  std::uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = ::write(notify_eventfd.get(), &one, sizeof one);
+}
+
+bool context::impl::notification_pending() {
+  if (pending_nonempty.load(std::memory_order_acquire)) return true;
+  std::lock_guard lock(links_mutex);
+  for (const link_ptr& link : links)
+    if (notify_ring* ring = link->ring())
+      if (ring->head.load(std::memory_order_relaxed) != ring->tail.load(std::memory_order_acquire))
+        return true;
+  return false;
+}
+
+std::size_t context::impl::poll_notifications() {
+  last_app_poll_ns.store(now_ns(), std::memory_order_relaxed);
+  std::lock_guard dispatch(dispatch_mutex);
+  if (armed) {
+    armed = false;
+    wake->sleeping.store(0, std::memory_order_relaxed);
+    std::uint64_t drained;
+    [[maybe_unused]] ssize_t n = ::read(notify_eventfd.get(), &drained, sizeof drained);
+  }
+  std::vector<notification> batch;
+  {
+    std::lock_guard lock(links_mutex);
+    for (const link_ptr& link : links) {
+      notify_ring* ring = link->ring();
+      if (!ring) continue;
+      std::uint64_t head = ring->head.load(std::memory_order_relaxed);
+      const std::uint64_t tail = ring->tail.load(std::memory_order_acquire);
+      if (tail - head > notify_ring::capacity) {  // a corrupt producer: stop reading it
+        link->alive = false;
+        continue;
+      }
+      for (; head != tail; ++head) {
+        const notify_record& r = ring->records[head % notify_ring::capacity];
+        batch.push_back({r.export_id, r.offset, r.length, r.value});
+      }
+      ring->head.store(head, std::memory_order_release);
+    }
+  }
+  if (batch.empty())
+    for (auto& e : endpoints) e->try_progress();
+  if (pending_nonempty.load(std::memory_order_acquire)) {
+    std::lock_guard lock(pending_mutex);
+    batch.insert(batch.end(), pending.begin(), pending.end());
+    pending.clear();
+    pending_nonempty.store(false, std::memory_order_relaxed);
+  }
+  for (const notification& n : batch) {
+    export_ptr e = find_export(n.export_id);
+    if (!e || n.offset > e->length || n.length > e->length - n.offset) continue;
+    count.notifications_received.fetch_add(1, std::memory_order_relaxed);
+    if (e->on_notify) e->on_notify(n);
+  }
+  return batch.size();
+}
+
+bool context::impl::prepare_wait() {
+  std::lock_guard dispatch(dispatch_mutex);
+  wake->sleeping.store(1, std::memory_order_relaxed);
+  armed = true;
+  // Pairs with the fences of senders: they see the flag or we see their data.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  for (auto& e : endpoints) e->try_progress();
+  if (notification_pending()) return false;
+  // The control thread takes over fabric progress while we sleep.
+  if (!control_watching_fabric.load(std::memory_order_acquire)) wake_control_thread();
+  return true;
+}
+
+result<std::size_t> context::impl::wait_notifications(std::chrono::milliseconds timeout) {
+  const auto start = clock::now();
+  const auto deadline = timeout == std::chrono::milliseconds::max() ? clock::time_point::max()
+                                                                   : start + timeout;
+  for (;;) {
+    if (std::size_t n = poll_notifications()) return n;
+    auto now = clock::now();
+    if (now >= deadline) return errc::timed_out;
+    if (now < start + spin || !prepare_wait()) continue;
+    std::vector<pollfd> fds{{notify_eventfd.get(), POLLIN, 0}};
+    for (auto& e : endpoints)
+      if (e->has_wait_fd() && e->try_arm_wait()) fds.push_back({e->wait_fd(), POLLIN, 0});
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count();
+    ::poll(fds.data(), fds.size(), static_cast<int>(std::clamp<std::int64_t>(left, 1, 1000)));
+  }
+}
+
+}  // namespace vmmc::core

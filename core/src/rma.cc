@@ -1,0 +1,193 @@
+// Deliberate update (send) and fetch: every check first, then a user-level
+// copy on the mapped path or RMA on the fabric path; requests and waiting.
+#include <unistd.h>
+
+#include <thread>
+
+#include "core.h"
+
+namespace vmmc::core {
+
+using namespace detail;
+
+namespace {
+// Publishes one record on the mapped path's ring to the exporter, waking it
+// only when it sleeps. Waits (flow control) while the ring is full.
+status push_notification(remote_peer& peer, const notify_record& record) {
+  notify_ring* ring = peer.ring();
+  std::lock_guard lock(peer.ring_mutex);
+  std::uint64_t tail = ring->tail.load(std::memory_order_relaxed);
+  for (int spins = 0; tail - ring->head.load(std::memory_order_acquire) >= notify_ring::capacity;
+       ++spins) {
+    if (!peer.alive.load(std::memory_order_acquire)) return errc::peer_gone;
+    if (spins > 100) std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+  ring->records[tail % notify_ring::capacity] = record;
+  ring->tail.store(tail + 1, std::memory_order_release);
+  // Pairs with the fence in prepare_wait(): either the exporter sees our
+  // record when it re-checks, or we see its sleeping flag here.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (peer.wake()->sleeping.load(std::memory_order_relaxed)) {
+    std::uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(peer.wake_eventfd.get(), &one, sizeof one);
+  }
+  return {};
+}
+}  // namespace
+
+result<std::shared_ptr<op>> context::impl::start_transfer(import_handle handle,
+                                                          std::uint64_t offset, void* buffer,
+                                                          std::size_t length, bool is_send,
+                                                          send_options options,
+                                                          void* user_context) {
+  import_ptr imp = find_import(handle);
+  if (!imp) return errc::unknown_handle;
+  if (!buffer && length) return errc::invalid_argument;
+  if (offset > imp->length || length > imp->length - offset) return errc::out_of_range;
+  if (!has_right(imp->allowed, is_send ? rights::write : rights::read))
+    return errc::permission_denied;
+  if (!imp->peer->alive.load(std::memory_order_acquire)) return errc::peer_gone;
+
+  std::shared_lock state(imp->state_mutex);
+  if (imp->revoked) return errc::unknown_handle;
+  if (is_send) {
+    count.sends.fetch_add(1, std::memory_order_relaxed);
+    count.bytes_sent.fetch_add(length, std::memory_order_relaxed);
+    if (options.notify) count.notifications_sent.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    count.fetches.fetch_add(1, std::memory_order_relaxed);
+    count.bytes_fetched.fetch_add(length, std::memory_order_relaxed);
+  }
+
+  if (imp->map) {  // mapped path: the copy is the transfer
+    std::byte* region = imp->map->data() + offset;
+    if (is_send) {
+      std::memcpy(region, buffer, length);
+      if (options.notify) {
+        notify_record rec{imp->export_id, 0, offset, length, options.value};
+        if (auto s = push_notification(*imp->peer, rec); !s) return s.error();
+      }
+    } else {
+      std::memcpy(buffer, region, length);
+    }
+    return std::shared_ptr<op>();
+  }
+
+  // Fabric path.
+  auto o = std::make_shared<op>();
+  o->user_context = user_context;
+  o->import = imp;
+  imp->in_flight.fetch_add(1, std::memory_order_acq_rel);
+  fabric_endpoint& ep = *imp->endpoint;
+  const std::atomic<bool>& alive = imp->peer->alive;
+  ep.begin(o);
+  status s;
+  if (!is_send) {
+    s = ep.post_read(o, imp->fi_address, buffer, length, imp->remote_address + offset, imp->key,
+                     alive);
+  } else {
+    wire::message_header h{wire::message_magic,
+                           static_cast<std::uint32_t>(wire::message_type::notify),
+                           imp->export_id,
+                           1,
+                           offset,
+                           length,
+                           options.value};
+    if (options.notify && length <= ep.inline_max()) {
+      // One message carries data and notification; the exporter copies it.
+      h.type = static_cast<std::uint32_t>(wire::message_type::inline_update);
+      s = ep.post_message(o, imp->fi_address, h, buffer, alive);
+    } else {
+      if (length)
+        s = ep.post_write(o, imp->fi_address, buffer, length, imp->remote_address + offset,
+                          imp->key, alive);
+      // Ordered after the write (FI_ORDER_SAW): the handler sees the data.
+      if (s && options.notify) s = ep.post_message(o, imp->fi_address, h, nullptr, alive);
+    }
+  }
+  ep.finish_posting(o, s.error());
+  if (o->done.load(std::memory_order_acquire) && !o->error) return std::shared_ptr<op>();
+  if (o->done.load(std::memory_order_acquire)) return classify_failure(*imp, o->error);
+  return o;
+}
+
+status context::impl::wait_op(op& o, clock::time_point deadline) {
+  fabric_endpoint* ep = o.import ? o.import->endpoint : nullptr;
+  const auto spin_until = clock::now() + spin;
+  while (!o.done.load(std::memory_order_acquire)) {
+    if (ep) ep->progress();
+    if (o.done.load(std::memory_order_acquire)) break;
+    if (o.import && !o.import->peer->alive.load(std::memory_order_acquire))
+      return errc::peer_gone;
+    auto now = clock::now();
+    if (now >= deadline) return errc::timed_out;
+    if (now > spin_until && o.import && o.import->peer->conn->closed_by_peer()) {
+      peer_died(o.import->peer);
+      return errc::peer_gone;
+    }
+    if (now > spin_until && ep)
+      ep->sleep_for_completions(std::min<std::chrono::microseconds>(
+          std::chrono::milliseconds(1),
+          std::chrono::duration_cast<std::chrono::microseconds>(deadline - now)));
+  }
+  return o.import ? classify_failure(*o.import, o.error) : o.error;
+}
+
+result<request> context::impl::remember(std::shared_ptr<op> o, void* user_context) {
+  if (!o) {  // finished already: a done op keeps the request contract uniform
+    o = std::make_shared<op>();
+    o->user_context = user_context;
+    o->done = true;
+  }
+  std::lock_guard lock(requests_mutex);
+  request r{next_request_id++};
+  o->id = r.id;
+  requests.emplace(r.id, std::move(o));
+  return r;
+}
+
+result<completion> context::impl::test(request r) {
+  std::shared_ptr<op> o;
+  {
+    std::lock_guard lock(requests_mutex);
+    auto it = requests.find(r.id);
+    if (it == requests.end()) return errc::unknown_handle;
+    o = it->second;
+  }
+  if (!o->done && o->import) o->import->endpoint->progress();
+  std::error_code error;
+  if (o->done) {
+    error = o->import ? classify_failure(*o->import, o->error) : o->error;
+  } else if (o->import && !o->import->peer->alive) {
+    error = errc::peer_gone;
+  } else {
+    return errc::would_block;
+  }
+  std::lock_guard lock(requests_mutex);
+  requests.erase(r.id);
+  return completion{o->user_context, error};
+}
+
+result<completion> context::impl::wait(request r, std::chrono::milliseconds timeout) {
+  std::shared_ptr<op> o;
+  {
+    std::lock_guard lock(requests_mutex);
+    auto it = requests.find(r.id);
+    if (it == requests.end()) return errc::unknown_handle;
+    o = it->second;
+  }
+  auto deadline = timeout == std::chrono::milliseconds::max() ? clock::time_point::max()
+                                                             : clock::now() + timeout;
+  status s = wait_op(*o, deadline);
+  if (s.is(errc::timed_out)) return errc::timed_out;  // still pending; may be waited again
+  std::lock_guard lock(requests_mutex);
+  requests.erase(r.id);
+  return completion{o->user_context, s.error()};
+}
+
+void context::impl::progress_all() {
+  last_app_poll_ns.store(now_ns(), std::memory_order_relaxed);
+  for (auto& e : endpoints) e->progress();
+}
+
+}  // namespace vmmc::core

@@ -1,0 +1,389 @@
+// integration.core.model: every call of the VMMC model between two contexts,
+// over each transport (mapped, libfabric shm, libfabric tcp).
+#include <gtest/gtest.h>
+#include <poll.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <numeric>
+#include <thread>
+
+#include "integration/core/transports.h"
+
+namespace vmmc::test {
+namespace {
+
+using namespace std::chrono_literals;
+using core::rights;
+
+class Model : public testing::TestWithParam<transport> {
+ protected:
+  void SetUp() override {
+    exporter_.emplace(make_context(GetParam()));
+    importer_.emplace(make_context(GetParam()));
+  }
+  core::context& exporter() { return *exporter_; }
+  core::context& importer() { return *importer_; }
+
+  // Exports `region` under `name` and imports it from the importer.
+  core::import_handle export_and_import(guarded_region& region, const char* name,
+                                        core::export_options options = {}) {
+    auto e = exporter().export_buffer(name, region.data(), region.size(), std::move(options));
+    EXPECT_TRUE(e) << e.error().message();
+    auto i = importer().import_buffer(exporter().address(), name);
+    EXPECT_TRUE(i) << i.error().message();
+    return i ? *i : core::import_handle{};
+  }
+
+  // Waits until the exporter has run `target` notifications in total.
+  void await_notifications(std::atomic<int>& seen, int target) {
+    auto deadline = std::chrono::steady_clock::now() + 5s;
+    while (seen.load() < target && std::chrono::steady_clock::now() < deadline)
+      (void)exporter().wait_notifications(100ms);
+    ASSERT_EQ(seen.load(), target);
+  }
+
+  std::optional<core::context> exporter_, importer_;
+};
+
+std::vector<std::byte> pattern(std::size_t n, unsigned seed) {
+  std::vector<std::byte> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = std::byte(static_cast<unsigned char>(i * 31 + seed));
+  return v;
+}
+
+TEST_P(Model, AddressIsPrintableAndDistinct) {
+  const std::string& a = exporter().address();
+  EXPECT_NE(a, importer().address());
+  for (char c : a) EXPECT_TRUE(c > ' ' && c <= '~') << a;
+}
+
+TEST_P(Model, ImportTakesTheExpectedPathAndDescribesTheRegion) {
+  guarded_region region(exporter(), 1 << 16, GetParam().mappable);
+  core::export_options o;
+  o.allowed = rights::read_write;
+  auto h = export_and_import(region, "described", o);
+  auto info = importer().describe(h);
+  ASSERT_TRUE(info);
+  EXPECT_EQ(info->length, region.size());
+  EXPECT_EQ(info->allowed, rights::read_write);
+  EXPECT_EQ(*importer().path_of(h), GetParam().expect);
+}
+
+// Sends of every size class (inline, bounced, zero-copy) land exactly where
+// they were aimed; the notification of each runs after its data is in place.
+TEST_P(Model, SendsLandExactlyAndNotifyAfterTheData) {
+  guarded_region region(exporter(), 4 << 20, GetParam().mappable);
+  std::atomic<int> seen{0};
+  std::vector<core::notification> got;
+  bool data_was_there = true;
+  std::vector<std::byte> expected(region.size(), std::byte{0});
+  core::export_options o;
+  o.on_notify = [&](const core::notification& n) {
+    data_was_there &= std::memcmp(region.data() + n.offset, expected.data() + n.offset,
+                                  n.length) == 0;
+    got.push_back(n);
+    ++seen;
+  };
+  auto h = export_and_import(region, "sizes", o);
+  const std::size_t sizes[] = {1, 8, 63, 64, 65, 3000, 4096, 4097, 65536, 1 << 20, 3 << 20};
+  std::uint64_t offset = 0;
+  int n = 0;
+  for (std::size_t size : sizes) {
+    offset = (offset + 7) % (region.size() - size);
+    auto data = pattern(size, static_cast<unsigned>(size));
+    std::memcpy(expected.data() + offset, data.data(), size);
+    ASSERT_TRUE(importer().send(h, offset, data.data(), size, {true, size}).ok()) << size;
+    ++n;
+    await_notifications(seen, n);
+    EXPECT_EQ(got.back().offset, offset);
+    EXPECT_EQ(got.back().length, size);
+    EXPECT_EQ(got.back().value, size);
+    offset += size;
+  }
+  EXPECT_TRUE(data_was_there);
+  EXPECT_EQ(std::memcmp(region.data(), expected.data(), region.size()), 0);
+  EXPECT_TRUE(region.guards_intact());
+}
+
+TEST_P(Model, FetchReadsWhatTheExporterHas) {
+  guarded_region region(exporter(), 2 << 20, GetParam().mappable);
+  auto data = pattern(region.size(), 7);
+  std::memcpy(region.data(), data.data(), data.size());
+  core::export_options o;
+  o.allowed = rights::read;
+  auto h = export_and_import(region, "readable", o);
+  for (std::size_t size : {std::size_t{1}, std::size_t{100}, std::size_t{4096},
+                           std::size_t{100000}, region.size()}) {
+    std::vector<std::byte> out(size);
+    std::uint64_t offset = region.size() - size;
+    ASSERT_TRUE(importer().fetch(h, offset, out.data(), size).ok()) << size;
+    EXPECT_EQ(std::memcmp(out.data(), data.data() + offset, size), 0) << size;
+  }
+}
+
+// A fetch issued after a send returns the sent bytes (per-pair ordering).
+TEST_P(Model, FetchAfterSendSeesTheSend) {
+  guarded_region region(exporter(), 1 << 20, GetParam().mappable);
+  core::export_options o;
+  o.allowed = rights::read_write;
+  auto h = export_and_import(region, "ordered", o);
+  for (std::size_t size : {std::size_t{8}, std::size_t{2000}, std::size_t{1 << 19}}) {
+    auto data = pattern(size, 3);
+    ASSERT_TRUE(importer().send(h, 64, data.data(), size).ok());
+    std::vector<std::byte> back(size);
+    ASSERT_TRUE(importer().fetch(h, 64, back.data(), size).ok());
+    EXPECT_EQ(back, data) << size;
+  }
+}
+
+TEST_P(Model, AsyncRequestsReturnTheirContext) {
+  guarded_region region(exporter(), 1 << 20, GetParam().mappable);
+  core::export_options o;
+  o.allowed = rights::read_write;
+  auto h = export_and_import(region, "async", o);
+  std::vector<std::vector<std::byte>> sources;
+  std::vector<core::request> requests;
+  int contexts[16];
+  for (int i = 0; i < 16; ++i) {
+    sources.push_back(pattern(size_t{1} << (i + 2), static_cast<unsigned>(i)));
+    auto r = importer().send_async(h, static_cast<std::uint64_t>(i) << 15, sources.back().data(),
+                                   sources.back().size(), {}, &contexts[i]);
+    ASSERT_TRUE(r) << r.error().message();
+    requests.push_back(*r);
+  }
+  for (int i = 0; i < 16; ++i) {
+    auto c = importer().wait(requests[static_cast<std::size_t>(i)], 5000ms);
+    ASSERT_TRUE(c) << c.error().message();
+    EXPECT_FALSE(c->error);
+    EXPECT_EQ(c->user_context, &contexts[i]);
+    // Reported once: the request is released.
+    EXPECT_TRUE(importer().test(requests[static_cast<std::size_t>(i)]).is(errc::unknown_handle));
+  }
+  std::vector<std::byte> back(1 << 15);
+  auto f = importer().fetch_async(h, 15 << 15, back.data(), back.size(), &contexts[0]);
+  ASSERT_TRUE(f);
+  result<core::completion> c = errc::would_block;
+  for (int spins = 0; spins < 1000000 && c.is(errc::would_block); ++spins)
+    c = importer().test(*f);
+  ASSERT_TRUE(c) << c.error().message();
+  EXPECT_EQ(c->user_context, &contexts[0]);
+  EXPECT_EQ(std::memcmp(back.data(), sources[15].data(), back.size()), 0);
+}
+
+TEST_P(Model, NotificationFdBecomesReadable) {
+  guarded_region region(exporter(), 4096, GetParam().mappable);
+  std::atomic<int> seen{0};
+  core::export_options o;
+  o.on_notify = [&](const core::notification&) { ++seen; };
+  auto h = export_and_import(region, "fd", o);
+  int fd = exporter().notification_fd();
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(exporter().prepare_wait());  // nothing pending yet
+  std::thread sender([&] {
+    std::this_thread::sleep_for(50ms);
+    std::uint64_t v = 1;
+    EXPECT_TRUE(importer().send(h, 0, &v, sizeof v, {true, 9}).ok());
+  });
+  pollfd p{fd, POLLIN, 0};
+  int ready = ::poll(&p, 1, 5000);
+  sender.join();
+  ASSERT_EQ(ready, 1);
+  EXPECT_EQ(exporter().poll_notifications(), 1u);
+  EXPECT_EQ(seen.load(), 1);
+}
+
+TEST_P(Model, BlockingWaitTimesOutThenWakes) {
+  guarded_region region(exporter(), 4096, GetParam().mappable);
+  std::atomic<int> seen{0};
+  core::export_options o;
+  o.on_notify = [&](const core::notification& n) { seen += static_cast<int>(n.value); };
+  auto h = export_and_import(region, "block", o);
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(exporter().wait_notifications(100ms).is(errc::timed_out));
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 100ms);
+  std::thread sender([&] {
+    std::this_thread::sleep_for(100ms);
+    std::uint32_t v = 5;
+    EXPECT_TRUE(importer().send(h, 8, &v, sizeof v, {true, 5}).ok());
+  });
+  auto n = exporter().wait_notifications(5000ms);
+  sender.join();
+  ASSERT_TRUE(n) << n.error().message();
+  EXPECT_EQ(seen.load(), 5);
+}
+
+TEST_P(Model, ManyNotificationsNoneLost) {
+  guarded_region region(exporter(), 1 << 16, GetParam().mappable);
+  std::atomic<int> seen{0};
+  std::uint64_t sum = 0;
+  core::export_options o;
+  o.on_notify = [&](const core::notification& n) {
+    sum += n.value;
+    ++seen;
+  };
+  auto h = export_and_import(region, "many", o);
+  constexpr int count = 5000;  // more than the mapped ring holds: exercises flow control
+  std::thread sender([&] {
+    for (int i = 1; i <= count; ++i) {
+      std::uint32_t v = static_cast<std::uint32_t>(i);
+      ASSERT_TRUE(importer().send(h, (i % 100) * 4, &v, sizeof v,
+                                  {true, static_cast<std::uint64_t>(i)}).ok());
+    }
+  });
+  await_notifications(seen, count);
+  sender.join();
+  EXPECT_EQ(sum, std::uint64_t{count} * (count + 1) / 2);
+}
+
+TEST_P(Model, ImportPolicyIsEnforcedByTheExporter) {
+  guarded_region region(exporter(), 4096, GetParam().mappable);
+  core::export_options only_someone_else;
+  only_someone_else.policy = core::import_policy::only({exporter().address()});
+  ASSERT_TRUE(exporter().export_buffer("private", region.data(), 2048, only_someone_else));
+  EXPECT_TRUE(
+      importer().import_buffer(exporter().address(), "private").is(errc::permission_denied));
+
+  core::export_options only_importer;
+  only_importer.policy = core::import_policy::only({importer().address()});
+  ASSERT_TRUE(exporter().export_buffer("named", region.data() + 2048, 2048, only_importer));
+  EXPECT_TRUE(importer().import_buffer(exporter().address(), "named"));
+
+  EXPECT_TRUE(importer().import_buffer(exporter().address(), "nonesuch").is(errc::unknown_export));
+  EXPECT_TRUE(exporter().export_buffer("named", region.data(), 16).is(errc::already_exists));
+  EXPECT_TRUE(importer().import_buffer("vmmc1;garbage", "named").is(errc::invalid_argument));
+  EXPECT_TRUE(importer().import_buffer(exporter().address(), "").is(errc::invalid_argument));
+}
+
+// Every bad range or missing right is refused before anything is posted, and
+// not one byte around (or inside) the region changes.
+TEST_P(Model, BadRangesAndRightsChangeNothing) {
+  guarded_region region(exporter(), 8192, GetParam().mappable);
+  core::export_options write_only;  // default rights: write
+  auto w = export_and_import(region, "write-only", write_only);
+  core::export_options read_only;
+  read_only.allowed = rights::read;
+  ASSERT_TRUE(exporter().export_buffer("read-only", region.data(), region.size(), read_only));
+  auto r = importer().import_buffer(exporter().address(), "read-only");
+  ASSERT_TRUE(r);
+
+  std::vector<std::byte> junk(region.size() + 4096, std::byte{0xEE});
+  const std::uint64_t n = region.size();
+  struct bad {
+    std::uint64_t offset;
+    std::size_t length;
+  } cases[] = {{n, 1}, {n - 1, 2}, {0, n + 1}, {n + 4096, 8}, {~std::uint64_t{0}, 2},
+               {~std::uint64_t{0} - 3, 8}, {8, static_cast<std::size_t>(-8)}};
+  for (const bad& b : cases) {
+    EXPECT_TRUE(importer().send(w, b.offset, junk.data(), b.length).is(errc::out_of_range))
+        << b.offset << "+" << b.length;
+    EXPECT_TRUE(importer().send_async(w, b.offset, junk.data(), b.length).is(errc::out_of_range));
+    EXPECT_TRUE(importer().fetch(*r, b.offset, junk.data(), b.length).is(errc::out_of_range));
+  }
+  std::byte out[16];
+  EXPECT_TRUE(importer().fetch(w, 0, out, sizeof out).is(errc::permission_denied));
+  EXPECT_TRUE(importer().send(*r, 0, junk.data(), 16).is(errc::permission_denied));
+  EXPECT_TRUE(importer().send(w, 0, nullptr, 16).is(errc::invalid_argument));
+
+  // A valid send at the very end still works, and everything else is as before.
+  std::byte last{0x11};
+  ASSERT_TRUE(importer().send(w, n - 1, &last, 1).ok());
+  std::byte check{};
+  ASSERT_TRUE(importer().fetch(*r, n - 1, &check, 1).ok());  // ordered after the send
+  EXPECT_EQ(check, last);
+  for (std::size_t i = 0; i + 1 < n; ++i) ASSERT_EQ(region.data()[i], std::byte{0}) << i;
+  EXPECT_TRUE(region.guards_intact());
+}
+
+TEST_P(Model, UnknownAndReleasedHandles) {
+  guarded_region region(exporter(), 4096, GetParam().mappable);
+  auto h = export_and_import(region, "released");
+  std::uint64_t v = 1;
+  EXPECT_TRUE(importer().send(core::import_handle{987654}, 0, &v, 8).is(errc::unknown_handle));
+  EXPECT_TRUE(importer().describe(core::import_handle{987654}).is(errc::unknown_handle));
+  EXPECT_TRUE(importer().wait(core::request{424242}, 10ms).is(errc::unknown_handle));
+  EXPECT_TRUE(exporter().unexport_buffer(core::export_handle{31337}).is(errc::unknown_handle));
+  ASSERT_TRUE(importer().unimport_buffer(h).ok());
+  EXPECT_TRUE(importer().unimport_buffer(h).is(errc::unknown_handle));
+  EXPECT_TRUE(importer().send(h, 0, &v, 8).is(errc::unknown_handle));
+}
+
+// After unexport returns, no importer can write into the memory any more.
+TEST_P(Model, UnexportRevokesImports) {
+  guarded_region region(exporter(), 1 << 20, GetParam().mappable);
+  auto e = exporter().export_buffer("revoked", region.data(), region.size());
+  ASSERT_TRUE(e);
+  auto h = importer().import_buffer(exporter().address(), "revoked");
+  ASSERT_TRUE(h);
+  std::atomic<bool> stop{false};
+  std::atomic<int> refused{0};
+  std::thread writer([&] {
+    std::vector<std::byte> chunk(1 << 16, std::byte{0x77});
+    while (!stop) {
+      auto s = importer().send(*h, 0, chunk.data(), chunk.size());
+      if (!s) {
+        EXPECT_TRUE(s.is(errc::unknown_handle)) << s.error().message();
+        ++refused;
+        break;
+      }
+    }
+  });
+  std::this_thread::sleep_for(50ms);
+  ASSERT_TRUE(exporter().unexport_buffer(*e).ok());
+  std::memset(region.data(), 0, region.size());  // the exporter reuses its memory
+  std::this_thread::sleep_for(100ms);
+  stop = true;
+  writer.join();
+  EXPECT_EQ(refused.load(), 1);
+  for (std::size_t i = 0; i < region.size(); ++i) ASSERT_EQ(region.data()[i], std::byte{0}) << i;
+  // The name is free again.
+  EXPECT_TRUE(exporter().export_buffer("revoked", region.data(), region.size()));
+}
+
+TEST_P(Model, ExporterGoneIsReportedOnEveryOperation) {
+  guarded_region region(exporter(), 4096, GetParam().mappable);
+  core::export_options o;
+  o.allowed = rights::read_write;
+  auto h = export_and_import(region, "vanishing", o);
+  exporter_.reset();
+  std::uint64_t v = 0;
+  auto t0 = std::chrono::steady_clock::now();
+  status s;
+  while ((s = importer().send(h, 0, &v, 8)).ok() && std::chrono::steady_clock::now() - t0 < 2s)
+    std::this_thread::sleep_for(1ms);
+  EXPECT_TRUE(s.is(errc::peer_gone) || s.is(errc::unknown_handle)) << s.error().message();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
+  EXPECT_FALSE(importer().fetch(h, 0, &v, 8).ok());
+  EXPECT_FALSE(importer().send_async(h, 0, &v, 8));
+}
+
+TEST_P(Model, ConcurrentSendersToOneExport) {
+  guarded_region region(exporter(), 1 << 20, GetParam().mappable);
+  std::atomic<int> seen{0};
+  core::export_options o;
+  o.on_notify = [&](const core::notification&) { ++seen; };
+  auto h = export_and_import(region, "shared", o);
+  constexpr int threads = 2, per_thread = 300;
+  std::vector<std::thread> senders;
+  for (int t = 0; t < threads; ++t)
+    senders.emplace_back([&, t] {
+      auto data = pattern(4096 + 1000 * static_cast<std::size_t>(t), static_cast<unsigned>(t));
+      for (int i = 0; i < per_thread; ++i)
+        ASSERT_TRUE(importer().send(h, static_cast<std::uint64_t>(t) << 19, data.data(),
+                                    data.size(), {true, 0}).ok());
+    });
+  for (auto& s : senders) s.join();
+  await_notifications(seen, threads * per_thread);
+  for (int t = 0; t < threads; ++t) {
+    auto data = pattern(4096 + 1000 * static_cast<std::size_t>(t), static_cast<unsigned>(t));
+    EXPECT_EQ(std::memcmp(region.data() + (static_cast<std::size_t>(t) << 19), data.data(),
+                          data.size()),
+              0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Core, Model, testing::ValuesIn(transports), transport_name);
+
+}  // namespace
+}  // namespace vmmc::test
