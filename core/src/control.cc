@@ -138,8 +138,6 @@ void context::impl::link_died(const link_ptr& link) {
 void context::impl::control_loop() {
   const auto heartbeat = liveness / 4;
   auto fabric_tick = std::chrono::milliseconds(1);
-  bool has_unwaitable_endpoint = false;
-  for (auto& e : endpoints) has_unwaitable_endpoint |= !e->has_wait_fd();
 
   std::vector<pollfd> fds;
   std::vector<link_ptr> link_list;
@@ -166,10 +164,11 @@ void context::impl::control_loop() {
                           now_ns() - last_app_poll_ns.load(std::memory_order_relaxed) >
                               std::chrono::nanoseconds(app_idle_after).count();
     control_watching_fabric.store(app_idle, std::memory_order_release);
-    bool fabric_ready = false;
+    bool fabric_ready = false, has_unwaitable_endpoint = false;
+    for (auto& e : endpoints) has_unwaitable_endpoint |= e->in_use() && !e->has_wait_fd();
     if (app_idle)
       for (auto& e : endpoints)
-        if (e->has_wait_fd()) {
+        if (e->in_use() && e->has_wait_fd()) {
           if (e->try_arm_wait())
             fds.push_back({e->wait_fd(), POLLIN, 0});
           else
@@ -207,7 +206,8 @@ void context::impl::control_loop() {
 
     if (app_idle) {
       std::size_t handled = 0;
-      for (auto& e : endpoints) handled += e->try_progress();
+      for (auto& e : endpoints)
+        if (e->in_use()) handled += e->try_progress();
       fabric_tick = handled ? std::chrono::milliseconds(1)
                             : std::min<std::chrono::milliseconds>(fabric_tick * 2,
                                                                   slowest_fabric_tick);

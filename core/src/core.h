@@ -241,6 +241,10 @@ class fabric_endpoint final : public registrar {
   const std::string& short_name() const { return short_name_; }  // "shm", "tcp", ...
   std::string full_name() const;                                  // "tcp;ofi_rxm"
   bool has_wait_fd() const { return wait_fd_ >= 0; }
+  // Set once a fabric import uses this endpoint (either end). Endpoints never
+  // used are not progressed: a tcp progress call costs system calls.
+  void mark_in_use() { in_use_.store(true, std::memory_order_relaxed); }
+  bool in_use() const { return in_use_.load(std::memory_order_relaxed); }
   int wait_fd() const { return wait_fd_; }
   const std::vector<std::uint8_t>& name() const { return name_; }
   std::size_t inline_max() const { return inline_max_; }
@@ -309,6 +313,7 @@ class fabric_endpoint final : public registrar {
   bool prov_key_ = false;
   bool local_mr_ = false;
   std::atomic<std::uint64_t> next_key_{1};
+  std::atomic<bool> in_use_{false};
   std::size_t inject_size_ = 0;
   std::size_t inline_max_ = 0;
   message_sink sink_;
@@ -497,7 +502,8 @@ class context::impl {
   mutable std::shared_mutex imports_mutex;
   std::unordered_map<std::uint64_t, import_ptr> imports;
   std::uint64_t next_import_id = 1;
-  std::mutex peers_mutex;  // also serialises connecting to a new peer
+  std::mutex connect_mutex;  // serialises connecting to new peers
+  std::mutex peers_mutex;
   std::map<std::string, peer_ptr> peers;
   std::atomic<std::uint64_t> next_request_id{1};
 

@@ -156,6 +156,7 @@ void context::impl::handle_import_request(const link_ptr& link, const frame& f) 
     for (const fabric_mr& m : e->mrs)
       if (m.endpoint->short_name() == provider) mr = &m;
     if (!mr) return answer(errc::unreachable);
+    mr->endpoint->mark_in_use();
     reply.remote_address = mr->remote_address;
     reply.key = mr->key;
   }

@@ -20,10 +20,15 @@ result<context::impl::peer_ptr> context::impl::connect_peer(std::string_view blo
   auto address = decode_address(blob_text);
   if (!address) return address.error();
   std::string key(blob_text);
-  std::lock_guard lock(peers_mutex);
-  if (auto it = peers.find(key); it != peers.end()) {
-    if (it->second->alive) return it->second;
-    peers.erase(it);
+  // One connect at a time, but without peers_mutex: the control thread needs
+  // that one to answer other processes' hellos meanwhile.
+  std::lock_guard connecting(connect_mutex);
+  {
+    std::lock_guard lock(peers_mutex);
+    if (auto it = peers.find(key); it != peers.end()) {
+      if (it->second->alive) return it->second;
+      peers.erase(it);
+    }
   }
   auto peer = std::make_shared<remote_peer>();
   peer->address = std::move(*address);
@@ -59,7 +64,10 @@ result<context::impl::peer_ptr> context::impl::connect_peer(std::string_view blo
     peer->ring_map = std::move(*ring_map);
     peer->wake_eventfd = std::move(reply->fds[1]);
   }
-  peers.emplace(key, peer);
+  {
+    std::lock_guard lock(peers_mutex);
+    peers.emplace(key, peer);
+  }
   wake_control_thread();  // start watching the new connection
   return peer;
 }
@@ -139,6 +147,7 @@ result<import_handle> context::impl::import_buffer(std::string_view peer_blob,
       if (!a) return a.error();
       it = p->fi_addresses.emplace(endpoint, *a).first;
     }
+    endpoint->mark_in_use();
     imp->endpoint = endpoint;
     imp->fi_address = it->second;
     imp->remote_address = r.remote_address;

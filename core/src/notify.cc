@@ -81,7 +81,8 @@ std::size_t context::impl::poll_notifications() {
     }
   }
   if (batch.empty())
-    for (auto& e : endpoints) e->try_progress();
+    for (auto& e : endpoints)
+      if (e->in_use()) e->try_progress();
   if (pending_nonempty.load(std::memory_order_acquire)) {
     std::lock_guard lock(pending_mutex);
     batch.insert(batch.end(), pending.begin(), pending.end());
@@ -103,7 +104,8 @@ bool context::impl::prepare_wait() {
   armed = true;
   // Pairs with the fences of senders: they see the flag or we see their data.
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  for (auto& e : endpoints) e->try_progress();
+  for (auto& e : endpoints)
+    if (e->in_use()) e->try_progress();
   if (notification_pending()) return false;
   // The control thread takes over fabric progress while we sleep.
   if (!control_watching_fabric.load(std::memory_order_acquire)) wake_control_thread();
@@ -121,7 +123,8 @@ result<std::size_t> context::impl::wait_notifications(std::chrono::milliseconds 
     if (now < start + spin || !prepare_wait()) continue;
     std::vector<pollfd> fds{{notify_eventfd.get(), POLLIN, 0}};
     for (auto& e : endpoints)
-      if (e->has_wait_fd() && e->try_arm_wait()) fds.push_back({e->wait_fd(), POLLIN, 0});
+      if (e->in_use() && e->has_wait_fd() && e->try_arm_wait())
+        fds.push_back({e->wait_fd(), POLLIN, 0});
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count();
     ::poll(fds.data(), fds.size(), static_cast<int>(std::clamp<std::int64_t>(left, 1, 1000)));
   }
