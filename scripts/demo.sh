@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The main demo: set up, then show VMMC between two processes: a ping-pong
+# over each path, and the core benchmark beside raw libfabric and memcpy.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+echo
+echo "== vmmc-pingpong: deliberate update + notification, two processes"
+for provider in "" "--provider shm" "--provider tcp"; do
+  build/examples/vmmc-pingpong $provider --iterations 2000
+  echo
+done
+echo "== vmmc-bench core --quick"
+build/tests/bench/vmmc-bench core --quick --json build/bench-core.json
+echo "(JSON written to build/bench-core.json)"

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs what vmmc needs on Debian 12 (as root) and builds it into build/.
+# Safe to run again: apt-get skips what is installed, cmake rebuilds what changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(build-essential cmake pkg-config libfabric-dev libfabric-bin libboost-dev
+          libtirpc-dev libgtest-dev iproute2)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "== installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+build_type=${VMMC_BUILD_TYPE:-RelWithDebInfo}
+cmake -S . -B build -DCMAKE_BUILD_TYPE="$build_type" ${VMMC_CMAKE_ARGS:-} >/dev/null
+cmake --build build -j"$(nproc)"
