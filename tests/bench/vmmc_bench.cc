@@ -1,0 +1,83 @@
+// tests/bench/vmmc_bench.cc: the vmmc-bench program.
+//
+//   vmmc-bench <name> [--quick] [--json PATH] [--provider shm|tcp|all]
+//
+// Dispatches to one benchmark by name, prints the table of its rows and
+// optionally writes them as JSON. Exit codes: 0 success, 1 a measurement
+// failed, 2 bad command line.
+#include <exception>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench_common.h"
+#include "bench_core.h"
+
+namespace {
+
+using vmmc::bench::options;
+using vmmc::bench::result_row;
+
+struct benchmark {
+  const char* name;
+  std::function<void(const options&, std::vector<result_row>&)> run;
+};
+
+const std::vector<benchmark>& benchmarks() {
+  static const std::vector<benchmark> all = {
+      {"core", vmmc::bench::run_core_benchmark},
+  };
+  return all;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  options opts;
+  std::string error;
+  if (!vmmc::bench::parse_options(argc, argv, opts, error)) {
+    std::cerr << "vmmc-bench: " << error << "\n";
+    vmmc::bench::print_usage(std::cerr, argv[0]);
+    return 2;
+  }
+  const benchmark* chosen = nullptr;
+  for (const benchmark& b : benchmarks())
+    if (opts.benchmark == b.name) chosen = &b;
+  if (!chosen) {
+    std::cerr << "vmmc-bench: unknown benchmark " << opts.benchmark << "\n";
+    vmmc::bench::print_usage(std::cerr, argv[0]);
+    return 2;
+  }
+
+  if (!opts.json_path.empty() && !std::ofstream(opts.json_path)) {
+    std::cerr << "vmmc-bench: cannot write " << opts.json_path << "\n";
+    return 2;
+  }
+
+  if (const double busy = vmmc::bench::other_runnable_processes(); busy >= 1) {
+    std::cout << "# warning: " << busy << " other runnable processes on "
+              << std::thread::hardware_concurrency()
+              << " cores; busy-polling measurements will be disturbed\n";
+  }
+
+  std::vector<result_row> rows;
+  try {
+    chosen->run(opts, rows);
+  } catch (const std::exception& e) {
+    std::cerr << "vmmc-bench " << opts.benchmark << ": " << e.what() << "\n";
+    return 1;
+  }
+  vmmc::bench::print_table(std::cout, opts.benchmark, rows);
+  if (!opts.json_path.empty()) {
+    try {
+      vmmc::bench::write_json(opts.json_path, opts.benchmark, rows);
+    } catch (const std::exception& e) {
+      std::cerr << "vmmc-bench: " << e.what() << "\n";
+      return 1;
+    }
+  }
+  return 0;
+}
