@@ -296,6 +296,12 @@ class fabric_endpoint final : public registrar {
   // Posts with -FI_EAGAIN handling: drives progress and retries.
   template <class Post>
   status post_retrying(Post&& post, const std::atomic<bool>& peer_alive);
+  status post_bounced(const std::shared_ptr<op>& o, bool is_write, fi_addr_t peer,
+                      std::byte* local, std::size_t length, std::uint64_t remote_address,
+                      std::uint64_t key, const std::atomic<bool>& peer_alive);
+  template <class Post>
+  status post_zero_copy(const std::shared_ptr<op>& o, reg_cache::lease lease, Post&& post,
+                        const std::atomic<bool>& peer_alive);
   int take_bounce_slot(const std::atomic<bool>& peer_alive);
   void give_bounce_slot(int slot);
   void repost_receive(std::size_t slot);
@@ -318,7 +324,10 @@ class fabric_endpoint final : public registrar {
   std::size_t inline_max_ = 0;
   message_sink sink_;
 
-  std::mutex mutex_;  // every libfabric call on this endpoint (FI_THREAD_DOMAIN)
+  // Every libfabric call on this endpoint and its domain (FI_THREAD_DOMAIN).
+  // Recursive: a completion releases a UTLB lease, which may deregister
+  // memory (fi_close on an MR) from inside progress.
+  std::recursive_mutex mutex_;
   std::unordered_map<op*, std::shared_ptr<op>> in_flight_;
 
   // Receive slots for messages (header + inline payload each).

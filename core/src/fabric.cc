@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "core.h"
+#include "vmmc/core/memory_monitor.h"
 
 namespace vmmc::core::detail {
 
@@ -119,15 +120,19 @@ result<std::unique_ptr<fabric_endpoint>> fabric_endpoint::open(const std::string
   for (int i = bounce_slots - 1; i >= 0; --i) e->free_bounce_.push_back(i);
   for (std::size_t i = 0; i < receive_slots; ++i) e->repost_receive(i);
 
-  e->utlb_ = std::make_unique<reg_cache>(*e, utlb_limit);
+  // The process-wide monitor (userfaultfd) drops entries whose memory is
+  // unmapped or freed; without it (unavailable) the cache still works for
+  // memory that outlives its transfers.
+  e->utlb_ = std::make_unique<reg_cache>(*e, utlb_limit, memory_monitor::process_wide());
   VMMC_DEBUG("opened %s (mr_mode %#x, inject %zu, wait fd %d)", e->full_name().c_str(),
              info->domain_attr->mr_mode, e->inject_size_, e->wait_fd_);
   return e;
 }
 
 fabric_endpoint::~fabric_endpoint() {
-  utlb_.reset();  // deregisters cached local registrations first
   if (ep_) fi_close(&ep_->fid);
+  in_flight_.clear();  // operations a dead peer never completed hold leases
+  utlb_.reset();       // deregisters cached local registrations
   if (receive_mr_) fi_close(&receive_mr_->fid);
   if (bounce_mr_) fi_close(&bounce_mr_->fid);
   if (cq_) fi_close(&cq_->fid);
@@ -242,6 +247,52 @@ int fabric_endpoint::take_bounce_slot(const std::atomic<bool>& peer_alive) {
 
 void fabric_endpoint::give_bounce_slot(int slot) { free_bounce_.push_back(slot); }
 
+// Copies through registered bounce slots, one op part per slot, so that any
+// number of chunks can belong to one op: small transfers, and large ones the
+// UTLB cannot register (over its limit).
+status fabric_endpoint::post_bounced(const std::shared_ptr<op>& o, bool is_write, fi_addr_t peer,
+                                     std::byte* local, std::size_t length,
+                                     std::uint64_t remote_address, std::uint64_t key,
+                                     const std::atomic<bool>& peer_alive) {
+  for (std::size_t done = 0; done < length;) {
+    const std::size_t chunk = std::min(inline_max_, length - done);
+    int slot = take_bounce_slot(peer_alive);
+    if (slot < 0) return errc::peer_gone;
+    std::byte* bounce = bounce_pool_.data() + static_cast<std::size_t>(slot) * slot_size_;
+    auto part = std::make_shared<op>();
+    part->bounce_slot = slot;
+    part->parent = o;
+    if (is_write) {
+      std::memcpy(bounce, local + done, chunk);
+    } else {
+      part->copy_to = local + done;
+      part->copy_length = chunk;
+    }
+    o->parts.fetch_add(1, std::memory_order_relaxed);
+    part->parts.store(1, std::memory_order_relaxed);
+    {
+      std::lock_guard lock(mutex_);
+      in_flight_.emplace(part.get(), part);
+    }
+    const std::uint64_t at = remote_address + done;
+    status s = post_retrying(
+        [&] {
+          return is_write ? fi_write(ep_, bounce, chunk, fi_mr_desc(bounce_mr_), peer, at, key,
+                                     part.get())
+                          : fi_read(ep_, bounce, chunk, fi_mr_desc(bounce_mr_), peer, at, key,
+                                    part.get());
+        },
+        peer_alive);
+    if (!s) {
+      std::lock_guard lock(mutex_);
+      complete(part.get(), s.error());
+      return s;
+    }
+    done += chunk;
+  }
+  return {};
+}
+
 status fabric_endpoint::post_write(const std::shared_ptr<op>& o, fi_addr_t peer,
                                    const void* source, std::size_t length,
                                    std::uint64_t remote_address, std::uint64_t key,
@@ -251,64 +302,41 @@ status fabric_endpoint::post_write(const std::shared_ptr<op>& o, fi_addr_t peer,
         [&] { return fi_inject_write(ep_, source, length, peer, remote_address, key); },
         peer_alive);
   }
-  if (length <= inline_max_) {  // copied into a registered bounce buffer
-    int slot = take_bounce_slot(peer_alive);
-    if (slot < 0) return errc::peer_gone;
-    std::byte* bounce = bounce_pool_.data() + static_cast<std::size_t>(slot) * slot_size_;
-    std::memcpy(bounce, source, length);
-    o->parts.fetch_add(1, std::memory_order_relaxed);
-    o->bounce_slot = slot;
-    status s = post_retrying(
-        [&] {
-          return fi_write(ep_, bounce, length, fi_mr_desc(bounce_mr_), peer, remote_address, key,
-                          o.get());
-        },
-        peer_alive);
-    if (!s) {
-      std::lock_guard lock(mutex_);
-      complete(o.get(), s.error());
-    }
-    return s;
-  }
+  auto* bytes = static_cast<std::byte*>(const_cast<void*>(source));
+  if (length <= inline_max_)
+    return post_bounced(o, true, peer, bytes, length, remote_address, key, peer_alive);
   // Zero copy from the caller's memory, registered through the UTLB.
   auto lease = utlb_->acquire(source, length);
+  if (lease.is(errc::resource_exhausted))
+    return post_bounced(o, true, peer, bytes, length, remote_address, key, peer_alive);
   if (!lease) return lease.error();
-  void* desc = lease->descriptor();
-  o->lease.emplace(std::move(*lease));
-  o->parts.fetch_add(1, std::memory_order_relaxed);
-  status s = post_retrying(
-      [&] { return fi_write(ep_, source, length, desc, peer, remote_address, key, o.get()); },
-      peer_alive);
-  if (!s) {
-    std::lock_guard lock(mutex_);
-    complete(o.get(), s.error());
-  }
-  return s;
+  return post_zero_copy(o, std::move(*lease), [&](void* desc, void* context) {
+    return fi_write(ep_, source, length, desc, peer, remote_address, key, context);
+  }, peer_alive);
 }
 
 status fabric_endpoint::post_read(const std::shared_ptr<op>& o, fi_addr_t peer, void* destination,
                                   std::size_t length, std::uint64_t remote_address,
                                   std::uint64_t key, const std::atomic<bool>& peer_alive) {
-  void* target = destination;
-  void* desc = nullptr;
-  if (length <= inline_max_) {  // read into a bounce buffer, copy out on completion
-    int slot = take_bounce_slot(peer_alive);
-    if (slot < 0) return errc::peer_gone;
-    o->bounce_slot = slot;
-    o->copy_to = destination;
-    o->copy_length = length;
-    target = bounce_pool_.data() + static_cast<std::size_t>(slot) * slot_size_;
-    desc = fi_mr_desc(bounce_mr_);
-  } else {
-    auto lease = utlb_->acquire(destination, length);
-    if (!lease) return lease.error();
-    desc = lease->descriptor();
-    o->lease.emplace(std::move(*lease));
-  }
+  auto* bytes = static_cast<std::byte*>(destination);
+  if (length <= inline_max_)
+    return post_bounced(o, false, peer, bytes, length, remote_address, key, peer_alive);
+  auto lease = utlb_->acquire(destination, length);
+  if (lease.is(errc::resource_exhausted))
+    return post_bounced(o, false, peer, bytes, length, remote_address, key, peer_alive);
+  if (!lease) return lease.error();
+  return post_zero_copy(o, std::move(*lease), [&](void* desc, void* context) {
+    return fi_read(ep_, destination, length, desc, peer, remote_address, key, context);
+  }, peer_alive);
+}
+
+template <class Post>
+status fabric_endpoint::post_zero_copy(const std::shared_ptr<op>& o, reg_cache::lease lease,
+                                       Post&& post, const std::atomic<bool>& peer_alive) {
+  void* desc = lease.descriptor();
+  o->lease.emplace(std::move(lease));
   o->parts.fetch_add(1, std::memory_order_relaxed);
-  status s = post_retrying(
-      [&] { return fi_read(ep_, target, length, desc, peer, remote_address, key, o.get()); },
-      peer_alive);
+  status s = post_retrying([&] { return post(desc, o.get()); }, peer_alive);
   if (!s) {
     std::lock_guard lock(mutex_);
     complete(o.get(), s.error());
@@ -334,8 +362,6 @@ status fabric_endpoint::post_message(const std::shared_ptr<op>& o, fi_addr_t pee
   std::byte* bounce = bounce_pool_.data() + static_cast<std::size_t>(slot) * slot_size_;
   std::memcpy(bounce, &header, sizeof header);
   if (payload_length) std::memcpy(bounce + sizeof header, payload, payload_length);
-  // A message and a bounced write of the same op each hold their own slot:
-  // the message's slot is tracked by a second op part with its own context.
   auto part = std::make_shared<op>();
   part->bounce_slot = slot;
   part->parent = o;

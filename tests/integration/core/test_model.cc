@@ -383,6 +383,44 @@ TEST_P(Model, ConcurrentSendersToOneExport) {
   }
 }
 
+// Zero-copy sends register their source once (UTLB); later sends from the
+// same buffer hit the cache.
+TEST_P(Model, ZeroCopySendsHitTheRegistrationCache) {
+  if (GetParam().mappable) GTEST_SKIP() << "the mapped path copies at user level: no registration";
+  guarded_region region(exporter(), 1 << 20, false);
+  auto h = export_and_import(region, "utlb");
+  std::vector<std::byte> source(1 << 20, std::byte{3});
+  const core::counters before = importer().stats();
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(importer().send(h, 0, source.data(), source.size()).ok());
+  const core::counters after = importer().stats();
+  EXPECT_EQ(after.utlb_lookups - before.utlb_lookups, 4u);
+  EXPECT_EQ(after.utlb_registrations - before.utlb_registrations, 1u);
+  EXPECT_EQ(after.utlb_hits - before.utlb_hits, 3u);
+  EXPECT_GE(after.utlb_bytes_registered, source.size());
+}
+
+// With a registration limit below the transfer size, transfers still work
+// (through bounce buffers) and nothing beyond the limit is registered.
+TEST_P(Model, TransfersLargerThanTheRegistrationLimit) {
+  ::setenv("VMMC_CORE_UTLB_LIMIT", "64k", 1);
+  core::context small_exporter = make_context(GetParam());
+  core::context small_importer = make_context(GetParam());
+  ::unsetenv("VMMC_CORE_UTLB_LIMIT");
+  guarded_region region(small_exporter, 1 << 20, GetParam().mappable);
+  core::export_options o;
+  o.allowed = rights::read_write;
+  ASSERT_TRUE(small_exporter.export_buffer("big", region.data(), region.size(), o));
+  auto h = small_importer.import_buffer(small_exporter.address(), "big");
+  ASSERT_TRUE(h);
+  auto data = pattern(region.size(), 11);
+  ASSERT_TRUE(small_importer.send(*h, 0, data.data(), data.size()).ok());
+  std::vector<std::byte> back(data.size());
+  ASSERT_TRUE(small_importer.fetch(*h, 0, back.data(), back.size()).ok());
+  EXPECT_EQ(back, data);
+  EXPECT_LE(small_importer.stats().utlb_bytes_registered, 64u * 1024);
+  EXPECT_TRUE(region.guards_intact());
+}
+
 INSTANTIATE_TEST_SUITE_P(Core, Model, testing::ValuesIn(transports), transport_name);
 
 }  // namespace
