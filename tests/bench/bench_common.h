@@ -113,6 +113,19 @@ struct effort {
 };
 effort effort_for(bool quick);
 
+// Measures one size: `run(n)` performs n iterations and returns seconds. A
+// probe of `probe_iterations` sizes the repeats to effort_for(quick); returns
+// the median over repeats of value(seconds, iterations).
+template <class Run, class Value>
+double calibrated_median(bool quick, std::size_t probe_iterations, std::size_t max_iterations,
+                         Run run, Value value) {
+  const effort e = effort_for(quick);
+  const double probe = run(probe_iterations);
+  const std::size_t iterations =
+      iterations_for(e.repeat_seconds, probe, probe_iterations, probe_iterations, max_iterations);
+  return median_of(e.repeats, [&] { return value(run(iterations), iterations); });
+}
+
 // Runnable processes other than this one, averaged over ~100 ms of sampling
 // /proc/stat. The experiments busy-poll one thread in each of two processes;
 // on a two-core machine any other busy process makes them wait for time

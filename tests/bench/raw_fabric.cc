@@ -373,19 +373,6 @@ void start(peer_link& link, std::size_t size, std::size_t iterations) {
   if (link.recv() != "ready") throw std::runtime_error("child out of step");
 }
 
-// Measures one size: a probe run sized from `probe_iterations`, then
-// effort.repeats runs of the calibrated length; returns the median of
-// value(seconds, iterations).
-template <class Run, class Value>
-double calibrated_median(bool quick, std::size_t probe_iterations, std::size_t max_iterations,
-                         Run run, Value value) {
-  const effort e = effort_for(quick);
-  const double probe = run(probe_iterations);
-  const std::size_t iterations =
-      iterations_for(e.repeat_seconds, probe, probe_iterations, probe_iterations, max_iterations);
-  return median_of(e.repeats, [&] { return value(run(iterations), iterations); });
-}
-
 std::size_t max_of(const std::vector<std::size_t>& sizes) {
   return sizes.empty() ? 1 : *std::max_element(sizes.begin(), sizes.end());
 }
