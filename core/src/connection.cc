@@ -132,9 +132,10 @@ status connection::write_frame(wire::frame_type type, const void* body, std::siz
   return {};
 }
 
-bool connection::closed_by_peer() const {
+bool connection::closed_by_peer(std::chrono::milliseconds grace) const {
   pollfd p{fd_.get(), POLLRDHUP, 0};
-  return ::poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+  return ::poll(&p, 1, static_cast<int>(grace.count())) == 1 &&
+         (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
 }
 
 status connection::read_available(std::vector<frame>& out) {

@@ -65,9 +65,7 @@ status context::impl::start(const context_options& options) {
   bool remote_capable = false;
   for (const std::string& p : providers) {
     if (p == "shm") remove_stale_fabric_shm_files();
-    auto sink = [this](const wire::message_header& h, const std::byte* payload, std::size_t n) {
-      on_fabric_message(h, payload, n);
-    };
+    auto sink = [this](std::uint64_t immediate) { on_remote_record(immediate); };
     auto e = fabric_endpoint::open(p, tcp_address, inline_max, utlb_limit, sink);
     if (!e) continue;  // logged by open(); other providers may still serve
     self.fabric.emplace_back(p, (*e)->name());
@@ -86,14 +84,28 @@ status context::impl::start(const context_options& options) {
 }
 
 context::impl::~impl() {
+  // Withdraw every export the way unexport_buffer does, while the control
+  // thread still runs to collect acknowledgements: no importer may be in the
+  // middle of writing into us when our memory and endpoints go away.
+  std::vector<std::uint32_t> ids;
+  {
+    std::shared_lock lock(exports_mutex);
+    for (const auto& [id, e] : exports) ids.push_back(id);
+  }
+  for (std::uint32_t id : ids) (void)unexport_buffer(export_handle{id});
   stopping.store(true);
   wake_control_thread();
   if (control_thread.joinable()) control_thread.join();
   // Importers see our connections close (peer_gone); then regions go away.
+  std::vector<link_ptr> closing;
   {
     std::lock_guard lock(links_mutex);
-    links.clear();
+    closing.swap(links);
+    links_by_id.clear();
   }
+  for (const link_ptr& link : closing)
+    for (fabric_mr& m : link->fabric_ring_mrs) m.endpoint->deregister_export(m);
+  closing.clear();
   {
     std::lock_guard lock(peers_mutex);
     peers.clear();
@@ -102,13 +114,6 @@ context::impl::~impl() {
     std::unique_lock lock(imports_mutex);
     imports.clear();
   }
-  std::unordered_map<std::uint32_t, export_ptr> withdrawn;
-  {
-    std::unique_lock lock(exports_mutex);
-    withdrawn.swap(exports);
-  }
-  for (auto& [id, e] : withdrawn)
-    for (fabric_mr& m : e->mrs) m.endpoint->deregister_export(m);
   {
     std::lock_guard lock(requests_mutex);
     requests.clear();

@@ -130,7 +130,9 @@ void context::impl::link_died(const link_ptr& link) {
       ring->head.store(head, std::memory_order_release);
     }
     std::erase(links, link);
+    links_by_id.erase(link->id);
   }
+  for (fabric_mr& m : link->fabric_ring_mrs) m.endpoint->deregister_export(m);
   for (const notification& n : unread) enqueue_notification(n);
   revoke_cv.notify_all();
 }
@@ -195,6 +197,8 @@ void context::impl::control_loop() {
         auto link = std::make_shared<importer_link>();
         link->conn = std::make_unique<connection>(unique_fd(c), i == 1);
         std::lock_guard lock(links_mutex);
+        link->id = next_link_id++;
+        links_by_id.emplace(link->id, link);
         links.push_back(std::move(link));
       }
     }

@@ -122,9 +122,9 @@ class connection {
   // Blocks until one frame arrives or the deadline passes.
   result<frame> read_one(clock::time_point deadline);
 
-  // True when the peer closed or reset the connection (no read needed):
-  // the exact sign that a process on the other end is gone.
-  bool closed_by_peer() const;
+  // True when the peer closed or reset the connection within `grace` (no
+  // read needed): the exact sign that a process on the other end is gone.
+  bool closed_by_peer(std::chrono::milliseconds grace = std::chrono::milliseconds(0)) const;
 
   std::int64_t last_heard_ns() const { return last_heard_ns_.load(std::memory_order_relaxed); }
   std::int64_t last_sent_ns() const { return last_sent_ns_.load(std::memory_order_relaxed); }
@@ -226,16 +226,17 @@ struct fabric_mr {
   std::uint64_t remote_address = 0;  // address an importer writes for offset 0
 };
 
-// Receives messages arriving on an endpoint (during progress).
-using message_sink = std::function<void(const wire::message_header&, const std::byte* payload,
-                                        std::size_t payload_length)>;
+// Receives the immediate data of remote writes that carry it (notification
+// records), during progress, with the endpoint lock held.
+using remote_write_sink = std::function<void(std::uint64_t immediate)>;
 
 class fabric_endpoint final : public registrar {
  public:
   static result<std::unique_ptr<fabric_endpoint>> open(const std::string& short_name,
                                                        const std::string& tcp_address,
                                                        std::size_t inline_max,
-                                                       std::size_t utlb_limit, message_sink sink);
+                                                       std::size_t utlb_limit,
+                                                       remote_write_sink sink);
   ~fabric_endpoint() override;
 
   const std::string& short_name() const { return short_name_; }  // "shm", "tcp", ...
@@ -269,9 +270,11 @@ class fabric_endpoint final : public registrar {
   status post_read(const std::shared_ptr<op>& o, fi_addr_t peer, void* destination,
                    std::size_t length, std::uint64_t remote_address, std::uint64_t key,
                    const std::atomic<bool>& peer_alive);
-  status post_message(const std::shared_ptr<op>& o, fi_addr_t peer,
-                      const wire::message_header& header, const void* payload,
-                      const std::atomic<bool>& peer_alive);
+  // Writes `length` bytes (a notification record) with remote CQ data.
+  status post_write_with_data(const std::shared_ptr<op>& o, fi_addr_t peer, const void* source,
+                              std::size_t length, std::uint64_t remote_address,
+                              std::uint64_t key, std::uint64_t immediate,
+                              const std::atomic<bool>& peer_alive);
 
   // Reads completions; progress() blocks for the lock, try_progress() skips
   // when another thread is already progressing. Returns completions handled.
@@ -304,7 +307,6 @@ class fabric_endpoint final : public registrar {
                         const std::atomic<bool>& peer_alive);
   int take_bounce_slot(const std::atomic<bool>& peer_alive);
   void give_bounce_slot(int slot);
-  void repost_receive(std::size_t slot);
 
   std::string short_name_;
   struct fi_info* info_ = nullptr;
@@ -322,21 +324,16 @@ class fabric_endpoint final : public registrar {
   std::atomic<bool> in_use_{false};
   std::size_t inject_size_ = 0;
   std::size_t inline_max_ = 0;
-  message_sink sink_;
+  remote_write_sink sink_;
 
-  // Every libfabric call on this endpoint and its domain (FI_THREAD_DOMAIN).
+  // Every libfabric call on this endpoint and its domain.
   // Recursive: a completion releases a UTLB lease, which may deregister
   // memory (fi_close on an MR) from inside progress.
   std::recursive_mutex mutex_;
   std::unordered_map<op*, std::shared_ptr<op>> in_flight_;
 
-  // Receive slots for messages (header + inline payload each).
+  // Bounce buffers for copied (inline) sends, records and small fetches.
   std::size_t slot_size_ = 0;
-  std::vector<std::byte> receive_pool_;
-  struct fid_mr* receive_mr_ = nullptr;
-  std::vector<struct fi_context2> receive_contexts_;
-
-  // Bounce buffers for copied (inline) sends and small fetches.
   std::vector<std::byte> bounce_pool_;
   struct fid_mr* bounce_mr_ = nullptr;
   std::vector<int> free_bounce_;
@@ -382,6 +379,15 @@ struct remote_peer {
   std::mutex av_mutex;
   std::map<fabric_endpoint*, fi_addr_t> fi_addresses;
 
+  // fabric path: our notification ring in the exporter's memory. Records are
+  // reserved and posted under record_mutex, so they land in sequence order.
+  std::mutex record_mutex;
+  bool ring_known = false;
+  std::uint64_t ring_address = 0, ring_key = 0;
+  std::uint32_t link_id = 0;
+  std::uint64_t ring_tail = 0;         // records written
+  std::uint64_t ring_head_cached = 0;  // records the exporter had consumed, last we looked
+
   wake_page* wake() const { return reinterpret_cast<wake_page*>(wake_map->data()); }
   notify_ring* ring() const { return reinterpret_cast<notify_ring*>(ring_map->data()); }
 };
@@ -416,7 +422,16 @@ struct importer_link {
   bool hello_done = false;
   std::atomic<bool> alive{true};
   std::shared_ptr<segment> ring_segment;  // mapped path notifications from it
-  std::map<std::uint32_t, int> imported;  // export id -> import count (control thread only)
+  std::map<std::uint32_t, int> imported;  // export id -> import count (links_mutex)
+  // fabric path: the ring this importer writes records into
+  std::uint32_t id = 0;
+  std::shared_ptr<segment> fabric_ring_segment;
+  std::vector<fabric_mr> fabric_ring_mrs;
+  std::uint64_t next_record = 0;  // sequence number expected next (endpoint lock)
+  wire::fabric_ring* fabric_ring() const {
+    return fabric_ring_segment ? reinterpret_cast<wire::fabric_ring*>(fabric_ring_segment->base)
+                               : nullptr;
+  }
   notify_ring* ring() const {
     return ring_segment ? reinterpret_cast<notify_ring*>(ring_segment->base) : nullptr;
   }
@@ -442,6 +457,8 @@ class context::impl {
   status unexport_buffer(export_handle handle);
   void handle_import_request(const link_ptr& link, const detail::frame& f);
   void handle_unimport(const link_ptr& link, const detail::frame& f);
+  result<detail::fabric_mr> fabric_ring_for(const link_ptr& link,
+                                            detail::fabric_endpoint& endpoint);
   export_ptr find_export(std::uint32_t id) const;
   std::shared_ptr<detail::segment> find_segment(const void* base, std::size_t length,
                                                 std::uint64_t& offset);
@@ -465,14 +482,17 @@ class context::impl {
                                                      bool is_send, send_options options,
                                                      void* user_context);
   status wait_op(detail::op& o, detail::clock::time_point deadline);
+  status post_record(const import_ptr& imp, const std::shared_ptr<detail::op>& o,
+                     const detail::wire::record_header& h, const void* payload);
   result<request> remember(std::shared_ptr<detail::op> o, void* user_context);
   result<completion> test(request r);
   result<completion> wait(request r, std::chrono::milliseconds timeout);
   void progress_all();
 
   // notify.cc
-  void on_fabric_message(const detail::wire::message_header& h, const std::byte* payload,
-                         std::size_t length);
+  void on_remote_record(std::uint64_t immediate);
+  void apply_record(const detail::wire::record_header& h, const std::byte* payload,
+                    std::size_t payload_length);
   void enqueue_notification(const notification& n);
   std::size_t poll_notifications();
   result<std::size_t> wait_notifications(std::chrono::milliseconds timeout);
@@ -518,6 +538,8 @@ class context::impl {
 
   std::mutex links_mutex;
   std::vector<link_ptr> links;
+  std::unordered_map<std::uint32_t, link_ptr> links_by_id;
+  std::uint32_t next_link_id = 1;
   std::condition_variable revoke_cv;  // with links_mutex: revoke acks and link deaths
   std::map<std::pair<detail::importer_link*, std::uint32_t>, int> revokes_pending;
 

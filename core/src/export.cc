@@ -156,9 +156,17 @@ void context::impl::handle_import_request(const link_ptr& link, const frame& f) 
     for (const fabric_mr& m : e->mrs)
       if (m.endpoint->short_name() == provider) mr = &m;
     if (!mr) return answer(errc::unreachable);
+    auto ring = fabric_ring_for(link, *mr->endpoint);
+    if (!ring) return answer(ring.error().value() == static_cast<int>(errc::resource_exhausted)
+                                 ? errc::resource_exhausted
+                                 : errc::fabric_error);
     mr->endpoint->mark_in_use();
     reply.remote_address = mr->remote_address;
     reply.key = mr->key;
+    reply.ring_address = ring->remote_address;
+    reply.ring_key = ring->key;
+    reply.link_id = link->id;
+    reply.ring_capacity = wire::ring_slots;
   }
   // Count the import under links_mutex after re-checking liveness, so that a
   // concurrent unexport either sees this import (and revokes it) or we see it
@@ -169,6 +177,25 @@ void context::impl::handle_import_request(const link_ptr& link, const frame& f) 
     ++link->imported[e->id];
   }
   answer(errc::ok);
+}
+
+// The ring this importer writes notification records into over `endpoint`:
+// created at its first fabric import, registered once per endpoint.
+result<fabric_mr> context::impl::fabric_ring_for(const link_ptr& link, fabric_endpoint& endpoint) {
+  for (const fabric_mr& m : link->fabric_ring_mrs)
+    if (m.endpoint == &endpoint) return m;
+  if (!link->fabric_ring_segment) {
+    auto seg = segment::create(sizeof(wire::fabric_ring), "vmmc-fabric-ring");
+    if (!seg) return seg.error();
+    new ((*seg)->base) wire::fabric_ring{};
+    std::lock_guard lock(links_mutex);  // the sink reads it under links_mutex
+    link->fabric_ring_segment = *seg;
+  }
+  auto mr = endpoint.register_export(link->fabric_ring_segment->base, sizeof(wire::fabric_ring),
+                                     rights::read_write);
+  if (!mr) return mr.error();
+  link->fabric_ring_mrs.push_back(*mr);
+  return *mr;
 }
 
 void context::impl::handle_unimport(const link_ptr& link, const frame& f) {

@@ -1,6 +1,7 @@
 // fabric_endpoint: one libfabric provider's reliable-datagram endpoint, with
-// its completion queue, address vector, receive slots for our messages and
-// registered bounce buffers for copied (inline) transfers.
+// its completion queue, address vector and registered bounce buffers for
+// copied (inline) transfers. Nothing is ever received as a message: data and
+// notification records arrive by RMA; records carry remote CQ data.
 #include <poll.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
@@ -19,7 +20,6 @@
 namespace vmmc::core::detail {
 
 namespace {
-constexpr std::size_t receive_slots = 64;
 constexpr std::size_t bounce_slots = 64;
 constexpr int cq_batch = 16;
 
@@ -43,7 +43,7 @@ result<std::unique_ptr<fabric_endpoint>> fabric_endpoint::open(const std::string
                                                                const std::string& tcp_address,
                                                                std::size_t inline_max,
                                                                std::size_t utlb_limit,
-                                                               message_sink sink) {
+                                                               remote_write_sink sink) {
   std::unique_ptr<fabric_endpoint> e(new fabric_endpoint());
   e->short_name_ = short_name;
   e->sink_ = std::move(sink);
@@ -55,7 +55,11 @@ result<std::unique_ptr<fabric_endpoint>> fabric_endpoint::open(const std::string
                 FI_SEND | FI_RECV;
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
   hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
-  hints->domain_attr->threading = FI_THREAD_DOMAIN;
+  // FI_THREAD_SAFE although we serialise our own calls: rxm tears down a
+  // connection whose peer died from its control-progress path, and with
+  // FI_THREAD_DOMAIN that raced our progress (crashes in fi_cq_read/fi_write
+  // seen after killing a peer).
+  hints->domain_attr->threading = FI_THREAD_SAFE;
   // Deliberate updates, their notifications and fetches stay in issue order.
   hints->tx_attr->msg_order = FI_ORDER_SAW | FI_ORDER_WAW | FI_ORDER_SAS | FI_ORDER_RAW;
   hints->fabric_attr->prov_name = ::strdup(full_provider_name(short_name).c_str());
@@ -103,22 +107,15 @@ result<std::unique_ptr<fabric_endpoint>> fabric_endpoint::open(const std::string
   if (fi_getname(&e->ep_->fid, e->name_.data(), &name_length) != 0) return errc::fabric_error;
   e->name_.resize(name_length);
 
-  // Receive slots: header + inline payload each. Registered in case the
-  // provider wants local descriptors (FI_MR_LOCAL).
-  e->slot_size_ = sizeof(wire::message_header) + inline_max;
-  e->receive_pool_.resize(e->slot_size_ * receive_slots);
-  e->receive_contexts_.resize(receive_slots);
+  // Bounce slots (registered in case the provider wants local descriptors)
+  // hold copied sends, notification records and small fetches.
+  e->slot_size_ = std::max(inline_max, wire::ring_slot_size);
   e->bounce_pool_.resize(e->slot_size_ * bounce_slots);
-  std::uint64_t key = e->next_key_++;
-  if (fi_mr_reg(e->domain_, e->receive_pool_.data(), e->receive_pool_.size(), FI_RECV, 0, key, 0,
-                &e->receive_mr_, nullptr) != 0)
-    return errc::fabric_error;
-  key = e->next_key_++;
+  const std::uint64_t key = e->next_key_++;
   if (fi_mr_reg(e->domain_, e->bounce_pool_.data(), e->bounce_pool_.size(),
                 FI_SEND | FI_WRITE | FI_READ, 0, key, 0, &e->bounce_mr_, nullptr) != 0)
     return errc::fabric_error;
   for (int i = bounce_slots - 1; i >= 0; --i) e->free_bounce_.push_back(i);
-  for (std::size_t i = 0; i < receive_slots; ++i) e->repost_receive(i);
 
   // The process-wide monitor (userfaultfd) drops entries whose memory is
   // unmapped or freed; without it (unavailable) the cache still works for
@@ -133,26 +130,12 @@ fabric_endpoint::~fabric_endpoint() {
   if (ep_) fi_close(&ep_->fid);
   in_flight_.clear();  // operations a dead peer never completed hold leases
   utlb_.reset();       // deregisters cached local registrations
-  if (receive_mr_) fi_close(&receive_mr_->fid);
   if (bounce_mr_) fi_close(&bounce_mr_->fid);
   if (cq_) fi_close(&cq_->fid);
   if (av_) fi_close(&av_->fid);
   if (domain_) fi_close(&domain_->fid);
   if (fabric_) fi_close(&fabric_->fid);
   if (info_) fi_freeinfo(info_);
-}
-
-void fabric_endpoint::repost_receive(std::size_t slot) {
-  void* buffer = receive_pool_.data() + slot * slot_size_;
-  for (;;) {
-    ssize_t rc = fi_recv(ep_, buffer, slot_size_, fi_mr_desc(receive_mr_), FI_ADDR_UNSPEC,
-                         &receive_contexts_[slot]);
-    if (rc != -FI_EAGAIN) {
-      if (rc) VMMC_ERROR("fi_recv: %s", fi_strerror(static_cast<int>(-rc)));
-      return;
-    }
-    progress_locked();
-  }
 }
 
 result<fi_addr_t> fabric_endpoint::insert_peer(const std::vector<std::uint8_t>& address) {
@@ -344,24 +327,21 @@ status fabric_endpoint::post_zero_copy(const std::shared_ptr<op>& o, reg_cache::
   return s;
 }
 
-status fabric_endpoint::post_message(const std::shared_ptr<op>& o, fi_addr_t peer,
-                                     const wire::message_header& header, const void* payload,
-                                     const std::atomic<bool>& peer_alive) {
-  const std::size_t payload_length =
-      header.type == static_cast<std::uint32_t>(wire::message_type::inline_update) ? header.length
-                                                                                    : 0;
-  const std::size_t total = sizeof header + payload_length;
-  std::byte message[sizeof header + 4096];
-  if (total <= inject_size_ && total <= sizeof message) {
-    std::memcpy(message, &header, sizeof header);
-    if (payload_length) std::memcpy(message + sizeof header, payload, payload_length);
-    return post_retrying([&] { return fi_inject(ep_, message, total, peer); }, peer_alive);
-  }
+status fabric_endpoint::post_write_with_data(const std::shared_ptr<op>& o, fi_addr_t peer,
+                                             const void* source, std::size_t length,
+                                             std::uint64_t remote_address, std::uint64_t key,
+                                             std::uint64_t immediate,
+                                             const std::atomic<bool>& peer_alive) {
+  if (length <= inject_size_)
+    return post_retrying(
+        [&] {
+          return fi_inject_writedata(ep_, source, length, immediate, peer, remote_address, key);
+        },
+        peer_alive);
   int slot = take_bounce_slot(peer_alive);
   if (slot < 0) return errc::peer_gone;
   std::byte* bounce = bounce_pool_.data() + static_cast<std::size_t>(slot) * slot_size_;
-  std::memcpy(bounce, &header, sizeof header);
-  if (payload_length) std::memcpy(bounce + sizeof header, payload, payload_length);
+  std::memcpy(bounce, source, length);
   auto part = std::make_shared<op>();
   part->bounce_slot = slot;
   part->parent = o;
@@ -372,7 +352,10 @@ status fabric_endpoint::post_message(const std::shared_ptr<op>& o, fi_addr_t pee
     in_flight_.emplace(part.get(), part);
   }
   status s = post_retrying(
-      [&] { return fi_send(ep_, bounce, total, fi_mr_desc(bounce_mr_), peer, part.get()); },
+      [&] {
+        return fi_writedata(ep_, bounce, length, fi_mr_desc(bounce_mr_), immediate, peer,
+                            remote_address, key, part.get());
+      },
       peer_alive);
   if (!s) {
     std::lock_guard lock(mutex_);
@@ -412,10 +395,7 @@ std::size_t fabric_endpoint::progress_locked() {
     if (n == -FI_EAVAIL) {
       fi_cq_err_entry err{};
       if (fi_cq_readerr(cq_, &err, 0) != 1) break;
-      auto* ctx = static_cast<fi_context2*>(err.op_context);
-      if (ctx >= receive_contexts_.data() && ctx < receive_contexts_.data() + receive_slots) {
-        repost_receive(static_cast<std::size_t>(ctx - receive_contexts_.data()));
-      } else if (err.op_context) {
+      if (err.op_context) {
         VMMC_WARN("%s completion error: %s", short_name_.c_str(),
                   fi_cq_strerror(cq_, err.prov_errno, err.err_data, nullptr, 0));
         complete(static_cast<op*>(err.op_context), fabric_error_code(-err.err));
@@ -426,20 +406,10 @@ std::size_t fabric_endpoint::progress_locked() {
     if (n <= 0) break;
     for (ssize_t i = 0; i < n; ++i) {
       const fi_cq_data_entry& e = entries[i];
-      auto* ctx = static_cast<fi_context2*>(e.op_context);
-      if ((e.flags & FI_RECV) && ctx >= receive_contexts_.data() &&
-          ctx < receive_contexts_.data() + receive_slots) {
-        std::size_t slot = static_cast<std::size_t>(ctx - receive_contexts_.data());
-        const std::byte* data = receive_pool_.data() + slot * slot_size_;
-        wire::message_header h;
-        if (e.len >= sizeof h) {
-          std::memcpy(&h, data, sizeof h);
-          sink_(h, data + sizeof h, e.len - sizeof h);
-        }
-        repost_receive(slot);
-      } else if (e.op_context) {
+      if (e.flags & FI_REMOTE_CQ_DATA)
+        sink_(e.data);  // a notification record landed in one of our rings
+      else if (e.op_context)
         complete(static_cast<op*>(e.op_context), {});
-      }
     }
     handled += static_cast<std::size_t>(n);
   }

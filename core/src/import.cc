@@ -147,6 +147,16 @@ result<import_handle> context::impl::import_buffer(std::string_view peer_blob,
       if (!a) return a.error();
       it = p->fi_addresses.emplace(endpoint, *a).first;
     }
+    {
+      std::lock_guard ring_lock(p->record_mutex);
+      if (!p->ring_known) {
+        if (r.ring_capacity != wire::ring_slots) return errc::protocol_error;
+        p->ring_known = true;
+        p->ring_address = r.ring_address;
+        p->ring_key = r.ring_key;
+        p->link_id = r.link_id;
+      }
+    }
     endpoint->mark_in_use();
     imp->endpoint = endpoint;
     imp->fi_address = it->second;
@@ -203,8 +213,9 @@ void context::impl::send_revoke_ack(import_entry& imp) {
 std::error_code context::impl::classify_failure(const import_entry& imp, std::error_code error) {
   if (!error || error == errc::peer_gone) return error;
   // A transport error is often the first sign of a dead peer (a reset tcp
-  // connection); the control connection tells for sure.
-  if (!imp.peer->alive || imp.peer->conn->closed_by_peer()) {
+  // connection); the control connection tells for sure, though its end of
+  // file may trail the fabric's reset by a moment: give it that moment.
+  if (!imp.peer->alive || imp.peer->conn->closed_by_peer(std::chrono::milliseconds(200))) {
     peer_died(imp.peer);
     return errc::peer_gone;
   }

@@ -9,19 +9,47 @@ namespace vmmc::core {
 
 using namespace detail;
 
-void context::impl::on_fabric_message(const wire::message_header& h, const std::byte* payload,
-                                      std::size_t length) {
-  if (h.magic != wire::message_magic) return;
+// A record landed in the ring of link (immediate >> 40), with endpoint lock
+// held. Records of one link arrive in order; anything else is a lying peer.
+void context::impl::on_remote_record(std::uint64_t immediate) {
+  constexpr std::uint64_t sequence_mask = (std::uint64_t{1} << wire::immediate_sequence_bits) - 1;
+  const auto link_id = static_cast<std::uint32_t>(immediate >> wire::immediate_sequence_bits);
+  link_ptr link;
+  wire::fabric_ring* ring = nullptr;
+  {
+    std::lock_guard lock(links_mutex);
+    auto it = links_by_id.find(link_id);
+    if (it != links_by_id.end()) {
+      link = it->second;
+      ring = link->fabric_ring();
+    }
+  }
+  if (!ring || (link->next_record & sequence_mask) != (immediate & sequence_mask)) {
+    VMMC_WARN("dropped a notification record out of sequence (link %u)", link_id);
+    if (link) link->alive = false;
+    return;
+  }
+  const std::byte* slot = ring->slots[link->next_record % wire::ring_slots];
+  wire::record_header h;
+  std::memcpy(&h, slot, sizeof h);
+  ++link->next_record;
+  std::atomic_ref<std::uint64_t>(ring->head).store(link->next_record, std::memory_order_release);
+  if (h.magic != wire::record_magic) return;
+  apply_record(h, slot + sizeof h, wire::ring_inline_max);
+}
+
+void context::impl::apply_record(const wire::record_header& h, const std::byte* payload,
+                                 std::size_t payload_length) {
   export_ptr e = find_export(h.export_id);
   // The importer checked all of this; we check again, as a peer may lie.
   if (!e || !e->live || h.offset > e->length || h.length > e->length - h.offset) {
-    VMMC_WARN("dropped a message for export %u outside its bounds", h.export_id);
+    VMMC_WARN("dropped a record for export %u outside its bounds", h.export_id);
     return;
   }
-  if (h.type == static_cast<std::uint32_t>(wire::message_type::inline_update)) {
-    if (length < h.length || !has_right(e->allowed, rights::write)) return;
+  if (h.type == static_cast<std::uint32_t>(wire::record_type::inline_update)) {
+    if (payload_length < h.length || !has_right(e->allowed, rights::write)) return;
     std::memcpy(e->base + h.offset, payload, h.length);
-  } else if (h.type != static_cast<std::uint32_t>(wire::message_type::notify)) {
+  } else if (h.type != static_cast<std::uint32_t>(wire::record_type::notify)) {
     return;
   }
   if (h.notify) enqueue_notification({h.export_id, h.offset, h.length, h.value});

@@ -85,30 +85,77 @@ result<std::shared_ptr<op>> context::impl::start_transfer(import_handle handle,
   if (!is_send) {
     s = ep.post_read(o, imp->fi_address, buffer, length, imp->remote_address + offset, imp->key,
                      alive);
+  } else if (!options.notify) {
+    s = ep.post_write(o, imp->fi_address, buffer, length, imp->remote_address + offset, imp->key,
+                      alive);
   } else {
-    wire::message_header h{wire::message_magic,
-                           static_cast<std::uint32_t>(wire::message_type::notify),
-                           imp->export_id,
-                           1,
-                           offset,
-                           length,
-                           options.value};
-    if (options.notify && length <= ep.inline_max()) {
-      // One message carries data and notification; the exporter copies it.
-      h.type = static_cast<std::uint32_t>(wire::message_type::inline_update);
-      s = ep.post_message(o, imp->fi_address, h, buffer, alive);
+    wire::record_header h{wire::record_magic,
+                          static_cast<std::uint32_t>(wire::record_type::notify),
+                          imp->export_id,
+                          1,
+                          offset,
+                          length,
+                          options.value};
+    if (length <= wire::ring_inline_max) {
+      // Data and notification in one record: one RMA write, copied in by
+      // the exporter.
+      h.type = static_cast<std::uint32_t>(wire::record_type::inline_update);
+      s = post_record(imp, o, h, buffer);
     } else {
-      if (length)
-        s = ep.post_write(o, imp->fi_address, buffer, length, imp->remote_address + offset,
-                          imp->key, alive);
-      // Ordered after the write (FI_ORDER_SAW): the handler sees the data.
-      if (s && options.notify) s = ep.post_message(o, imp->fi_address, h, nullptr, alive);
+      s = ep.post_write(o, imp->fi_address, buffer, length, imp->remote_address + offset,
+                        imp->key, alive);
+      // Ordered after the data (FI_ORDER_WAW): the handler sees it in place.
+      if (s) s = post_record(imp, o, h, nullptr);
     }
   }
   ep.finish_posting(o, s.error());
   if (o->done.load(std::memory_order_acquire) && !o->error) return std::shared_ptr<op>();
   if (o->done.load(std::memory_order_acquire)) return classify_failure(*imp, o->error);
   return o;
+}
+
+// Appends one record to our ring at the exporter. Under the peer's record
+// lock, so records are posted (and, ordered, land) in sequence order.
+status context::impl::post_record(const import_ptr& imp, const std::shared_ptr<op>& o,
+                                  const wire::record_header& h, const void* payload) {
+  remote_peer& p = *imp->peer;
+  fabric_endpoint& ep = *imp->endpoint;
+  std::lock_guard lock(p.record_mutex);
+  if (!p.ring_known) return errc::protocol_error;
+  // Flow control: learn how far the exporter has consumed only when our own
+  // count says the ring is full (one fi_read then).
+  while (p.ring_tail - p.ring_head_cached >= wire::ring_slots) {
+    auto reader = std::make_shared<op>();
+    reader->import = imp;
+    imp->in_flight.fetch_add(1, std::memory_order_acq_rel);
+    std::uint64_t head = 0;
+    ep.begin(reader);
+    status s = ep.post_read(reader, imp->fi_address, &head, sizeof head,
+                            p.ring_address + offsetof(wire::fabric_ring, head), p.ring_key,
+                            p.alive);
+    ep.finish_posting(reader, s.error());
+    if (s) s = wait_op(*reader, clock::time_point::max());
+    if (!s) return s;
+    if (head > p.ring_tail) return errc::protocol_error;
+    if (head == p.ring_head_cached) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    p.ring_head_cached = head;
+  }
+  std::byte record[wire::ring_slot_size];
+  std::memcpy(record, &h, sizeof h);
+  std::size_t size = sizeof h;
+  if (h.type == static_cast<std::uint32_t>(wire::record_type::inline_update)) {
+    if (h.length) std::memcpy(record + sizeof h, payload, h.length);
+    size += h.length;
+  }
+  constexpr std::uint64_t sequence_mask = (std::uint64_t{1} << wire::immediate_sequence_bits) - 1;
+  const std::uint64_t immediate = (std::uint64_t{p.link_id} << wire::immediate_sequence_bits) |
+                                  (p.ring_tail & sequence_mask);
+  const std::uint64_t address = p.ring_address + offsetof(wire::fabric_ring, slots) +
+                                (p.ring_tail % wire::ring_slots) * wire::ring_slot_size;
+  status s = ep.post_write_with_data(o, imp->fi_address, record, size, address, p.ring_key,
+                                     immediate, p.alive);
+  if (s) ++p.ring_tail;
+  return s;
 }
 
 status context::impl::wait_op(op& o, clock::time_point deadline) {

@@ -4,21 +4,27 @@
 //  1. The control protocol, on a kernel stream socket from importer to
 //     exporter (abstract Unix socket on the same host, TCP across hosts):
 //     hello, import, revoke, heartbeat. Rare, so plain framed structs.
-//  2. Fabric messages, on the libfabric endpoint beside RMA: notifications and
-//     inline updates (header followed by up to inline_max payload bytes).
+//  2. Notification records, written by the importer into a ring in the
+//     exporter's memory: on the mapped path by memcpy (notify_record in
+//     core.h), on the fabric path by fi_writedata of a ring_slot whose
+//     immediate data names the link and the record's sequence number.
 // All integers are little-endian host order (we only run on x86-64/aarch64 LE);
 // every frame starts with a magic and a version so garbage is recognised.
 //
 // Version history:
-//   1: first version.
+//   1: first version (fabric notifications as messages to posted receives).
+//   2: fabric notifications as RMA writes into a per-link ring (one write
+//      per small notifying send instead of a message; import_reply grew the
+//      ring fields).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace vmmc::core::detail::wire {
 
 inline constexpr std::uint32_t control_magic = 0x434d4d56;  // "VMMC"
-inline constexpr std::uint16_t control_version = 1;
+inline constexpr std::uint16_t control_version = 2;
 inline constexpr std::uint32_t max_frame_body = 64 * 1024;  // anything larger is garbage
 inline constexpr std::uint32_t max_name_length = 255;
 
@@ -71,6 +77,11 @@ struct import_reply_body {
   std::uint64_t segment_offset;
   std::uint64_t remote_address;  // fabric: address to pass to fi_write for offset 0
   std::uint64_t key;             // fabric: MR key
+  // fabric: the link's notification ring (see fabric_ring below)
+  std::uint64_t ring_address;
+  std::uint64_t ring_key;
+  std::uint32_t link_id;
+  std::uint32_t ring_capacity;
 };
 
 struct unimport_body {
@@ -83,16 +94,16 @@ struct revoke_body {
   std::uint32_t reserved;
 };
 
-// ---- fabric messages ----------------------------------------------------
-inline constexpr std::uint32_t message_magic = 0x4e4d4d56;  // "VMMN"
+// ---- fabric notification ring ---------------------------------------------
+inline constexpr std::uint32_t record_magic = 0x4e4d4d56;  // "VMMN"
 
-enum class message_type : std::uint32_t {
-  notify = 1,         // data already written by RMA (ordered before this message)
-  inline_update = 2,  // payload follows; receiver copies it to (export, offset)
+enum class record_type : std::uint32_t {
+  notify = 1,         // data already written by RMA (ordered before the record)
+  inline_update = 2,  // payload follows the header; the exporter copies it in
 };
 
-// 40 bytes, then `length` payload bytes for inline_update.
-struct message_header {
+// A record: 40 bytes, then `length` payload bytes for inline_update.
+struct record_header {
   std::uint32_t magic;
   std::uint32_t type;
   std::uint32_t export_id;
@@ -101,6 +112,22 @@ struct message_header {
   std::uint64_t length;
   std::uint64_t value;
 };
-static_assert(sizeof(message_header) == 40);
+static_assert(sizeof(record_header) == 40);
+
+// The ring one importer writes into, in the exporter's memory. The importer
+// writes slot (seq % ring_slots) with fi_writedata, immediate data
+//   bits 63..40 link id | bits 39..0 sequence number (low 40 bits),
+// so the exporter's completion queue says which slot is complete. The
+// exporter publishes `head` (records consumed); the importer reads it with
+// fi_read only when its own count says the ring is full.
+inline constexpr std::uint32_t ring_slots = 256;
+inline constexpr std::size_t ring_slot_size = 256;
+inline constexpr std::size_t ring_inline_max = ring_slot_size - sizeof(record_header);
+inline constexpr int immediate_sequence_bits = 40;
+
+struct fabric_ring {
+  alignas(64) std::uint64_t head;
+  alignas(64) std::byte slots[ring_slots][ring_slot_size];
+};
 
 }  // namespace vmmc::core::detail::wire
