@@ -249,12 +249,19 @@ class fabric_endpoint final : public registrar {
   int wait_fd() const { return wait_fd_; }
   const std::vector<std::uint8_t>& name() const { return name_; }
   std::size_t inline_max() const { return inline_max_; }
+  std::size_t inject_size() const { return inject_size_; }
 
   result<fi_addr_t> insert_peer(const std::vector<std::uint8_t>& address);
   void remove_peer(fi_addr_t address);
 
   result<fabric_mr> register_export(void* base, std::size_t length, rights allowed);
   void deregister_export(fabric_mr& mr);
+
+  // A write of at most inject_size() bytes, copied by the provider before
+  // it returns; no completion follows.
+  status inject_write(fi_addr_t peer, const void* source, std::size_t length,
+                      std::uint64_t remote_address, std::uint64_t key,
+                      const std::atomic<bool>& peer_alive);
 
   // An op's life on this endpoint: begin() registers it with a posting guard,
   // posts add parts, finish_posting() drops the guard (recording `error`).
@@ -305,6 +312,7 @@ class fabric_endpoint final : public registrar {
   template <class Post>
   status post_zero_copy(const std::shared_ptr<op>& o, reg_cache::lease lease, Post&& post,
                         const std::atomic<bool>& peer_alive);
+  std::shared_ptr<op> start_part(const std::shared_ptr<op>& o, int slot);
   int take_bounce_slot(const std::atomic<bool>& peer_alive);
   void give_bounce_slot(int slot);
 

@@ -230,6 +230,26 @@ int fabric_endpoint::take_bounce_slot(const std::atomic<bool>& peer_alive) {
 
 void fabric_endpoint::give_bounce_slot(int slot) { free_bounce_.push_back(slot); }
 
+status fabric_endpoint::inject_write(fi_addr_t peer, const void* source, std::size_t length,
+                                     std::uint64_t remote_address, std::uint64_t key,
+                                     const std::atomic<bool>& peer_alive) {
+  return post_retrying(
+      [&] { return fi_inject_write(ep_, source, length, peer, remote_address, key); },
+      peer_alive);
+}
+
+// A part of `o` that owns bounce slot `slot` and completes into `o`.
+std::shared_ptr<op> fabric_endpoint::start_part(const std::shared_ptr<op>& o, int slot) {
+  auto part = std::make_shared<op>();
+  part->bounce_slot = slot;
+  part->parent = o;
+  o->parts.fetch_add(1, std::memory_order_relaxed);
+  part->parts.store(1, std::memory_order_relaxed);
+  std::lock_guard lock(mutex_);
+  in_flight_.emplace(part.get(), part);
+  return part;
+}
+
 // Copies through registered bounce slots, one op part per slot, so that any
 // number of chunks can belong to one op: small transfers, and large ones the
 // UTLB cannot register (over its limit).
@@ -242,20 +262,12 @@ status fabric_endpoint::post_bounced(const std::shared_ptr<op>& o, bool is_write
     int slot = take_bounce_slot(peer_alive);
     if (slot < 0) return errc::peer_gone;
     std::byte* bounce = bounce_pool_.data() + static_cast<std::size_t>(slot) * slot_size_;
-    auto part = std::make_shared<op>();
-    part->bounce_slot = slot;
-    part->parent = o;
+    auto part = start_part(o, slot);
     if (is_write) {
       std::memcpy(bounce, local + done, chunk);
     } else {
       part->copy_to = local + done;
       part->copy_length = chunk;
-    }
-    o->parts.fetch_add(1, std::memory_order_relaxed);
-    part->parts.store(1, std::memory_order_relaxed);
-    {
-      std::lock_guard lock(mutex_);
-      in_flight_.emplace(part.get(), part);
     }
     const std::uint64_t at = remote_address + done;
     status s = post_retrying(
@@ -280,11 +292,8 @@ status fabric_endpoint::post_write(const std::shared_ptr<op>& o, fi_addr_t peer,
                                    const void* source, std::size_t length,
                                    std::uint64_t remote_address, std::uint64_t key,
                                    const std::atomic<bool>& peer_alive) {
-  if (length <= inject_size_) {  // copied by the provider: nothing to complete
-    return post_retrying(
-        [&] { return fi_inject_write(ep_, source, length, peer, remote_address, key); },
-        peer_alive);
-  }
+  if (length <= inject_size_)
+    return inject_write(peer, source, length, remote_address, key, peer_alive);
   auto* bytes = static_cast<std::byte*>(const_cast<void*>(source));
   if (length <= inline_max_)
     return post_bounced(o, true, peer, bytes, length, remote_address, key, peer_alive);
@@ -342,15 +351,7 @@ status fabric_endpoint::post_write_with_data(const std::shared_ptr<op>& o, fi_ad
   if (slot < 0) return errc::peer_gone;
   std::byte* bounce = bounce_pool_.data() + static_cast<std::size_t>(slot) * slot_size_;
   std::memcpy(bounce, source, length);
-  auto part = std::make_shared<op>();
-  part->bounce_slot = slot;
-  part->parent = o;
-  o->parts.fetch_add(1, std::memory_order_relaxed);
-  part->parts.store(1, std::memory_order_relaxed);
-  {
-    std::lock_guard lock(mutex_);
-    in_flight_.emplace(part.get(), part);
-  }
+  auto part = start_part(o, slot);
   status s = post_retrying(
       [&] {
         return fi_writedata(ep_, bounce, length, fi_mr_desc(bounce_mr_), immediate, peer,

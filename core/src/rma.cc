@@ -73,12 +73,20 @@ result<std::shared_ptr<op>> context::impl::start_transfer(import_handle handle,
     return std::shared_ptr<op>();
   }
 
-  // Fabric path.
+  // Fabric path. A small plain send is injected: the provider copies it and
+  // reports no completion, so no operation needs tracking.
+  fabric_endpoint& ep = *imp->endpoint;
+  if (is_send && !options.notify && length <= ep.inject_size()) {
+    if (status s = ep.inject_write(imp->fi_address, buffer, length, imp->remote_address + offset,
+                                   imp->key, imp->peer->alive);
+        !s)
+      return classify_failure(*imp, s.error());
+    return std::shared_ptr<op>();
+  }
   auto o = std::make_shared<op>();
   o->user_context = user_context;
   o->import = imp;
   imp->in_flight.fetch_add(1, std::memory_order_acq_rel);
-  fabric_endpoint& ep = *imp->endpoint;
   const std::atomic<bool>& alive = imp->peer->alive;
   ep.begin(o);
   status s;

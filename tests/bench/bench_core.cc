@@ -1,5 +1,9 @@
 // tests/bench/bench_core.cc: the `core` benchmark (see bench_core.h).
 //
+// Latency comes twice: "latency" is the VMMC papers' experiment (a plain
+// deliberate update, the receiver spins on its last byte) beside raw fi_write
+// polled the same way; "latency_notify" carries a notification and waits for
+// its handler, beside fi_writedata + remote CQ completion and fi_send.
 // "ours" is vmmc::core as a user gets it: for "shm" the same-host default
 // (memory from context::allocate, so the mapped path), for "tcp" libfabric
 // tcp;ofi_rxm. The row group "shm-fabric" shows our libfabric path over shm
@@ -31,7 +35,14 @@ struct variant {
   bool mapped;           // mapped path on, exported memory from allocate()
 };
 
-enum class experiment : std::uint32_t { latency, bandwidth, bidir, overhead_async, overhead_sync };
+enum class experiment : std::uint32_t {
+  latency_polled,
+  latency,
+  bandwidth,
+  bidir,
+  overhead_async,
+  overhead_sync
+};
 
 struct plan {
   experiment what;
@@ -108,6 +119,20 @@ struct session {
   void send(std::size_t size, bool notify) {
     if (status s = ctx->send(peer, 0, source, size, {notify, size}); !s) fail("send", s.error());
   }
+  // The VMMC papers' latency experiment: a plain deliberate update whose
+  // last byte carries a fresh tag; the receiver spins on it in its region.
+  std::uint8_t sent_tag = 0, seen_tag = 0;
+  static std::uint8_t next(std::uint8_t t) { return static_cast<std::uint8_t>(t % 255 + 1); }
+  void ping_polled(std::size_t size) {
+    sent_tag = next(sent_tag);
+    source[size - 1] = std::byte{sent_tag};
+    send(size, false);
+  }
+  void await_polled(std::size_t size) {
+    seen_tag = next(seen_tag);
+    const volatile std::byte* last = region + size - 1;
+    while (*last != std::byte{seen_tag}) ctx->progress();
+  }
   void await(std::uint64_t target) {
     while (notified.load(std::memory_order_relaxed) < target) ctx->poll_notifications();
   }
@@ -141,6 +166,12 @@ void serve(session& s, peer_link& link) {
     if (p.iterations == 0) return;
     link.send("ready");
     switch (p.what) {
+      case experiment::latency_polled:
+        for (std::uint64_t i = 0; i < p.iterations; ++i) {
+          s.await_polled(p.size);
+          s.ping_polled(p.size);
+        }
+        break;
       case experiment::latency:
         for (std::uint64_t i = 0; i < p.iterations; ++i) {
           s.await(s.notified + 1);
@@ -177,6 +208,15 @@ double measure(session& s, peer_link& link, experiment what, std::size_t size, s
   if (link.recv() != "ready") throw std::runtime_error("child out of step");
   double seconds = 0;
   switch (what) {
+    case experiment::latency_polled: {
+      const auto t0 = bench_clock::now();
+      for (std::size_t i = 0; i < n; ++i) {
+        s.ping_polled(size);
+        s.await_polled(size);
+      }
+      seconds = seconds_between(t0, bench_clock::now());
+      break;
+    }
     case experiment::latency: {
       const auto t0 = bench_clock::now();
       for (std::size_t i = 0; i < n; ++i) {
@@ -228,7 +268,7 @@ double measure(session& s, peer_link& link, experiment what, std::size_t size, s
 }
 
 struct ours_results {
-  std::vector<double> latency, bandwidth, bidir, overhead_async, overhead_sync;
+  std::vector<double> latency_polled, latency, bandwidth, bidir, overhead_async, overhead_sync;
 };
 
 ours_results measure_ours(const variant& v, const std::vector<std::size_t>& lat_sizes,
@@ -243,11 +283,14 @@ ours_results measure_ours(const variant& v, const std::vector<std::size_t>& lat_
               quick, probe, 2'000'000, [&](std::size_t n) { return measure(s, link, what, size, n); },
               value);
         };
-        measure(s, link, experiment::latency, 8, quick ? 200 : 2000);  // warm-up
+        auto one_way_us = [](double sec, std::size_t n) {
+          return sec / static_cast<double>(n) / 2 * 1e6;
+        };
+        measure(s, link, experiment::latency_polled, 8, quick ? 200 : 2000);  // warm-up
         for (std::size_t size : lat_sizes)
-          r.latency.push_back(one(experiment::latency, size, 50, [](double sec, std::size_t n) {
-            return sec / static_cast<double>(n) / 2 * 1e6;
-          }));
+          r.latency_polled.push_back(one(experiment::latency_polled, size, 50, one_way_us));
+        for (std::size_t size : lat_sizes)
+          r.latency.push_back(one(experiment::latency, size, 50, one_way_us));
         measure(s, link, experiment::bandwidth, 64 * 1024, 64);  // warm-up
         auto gbps = [](std::size_t size, int directions) {
           return [size, directions](double sec, std::size_t n) {
@@ -290,7 +333,10 @@ void run_core_benchmark(const options& opts, std::vector<result_row>& rows) {
   for (const std::string& provider : opts.providers) {
     std::cout << "# " << raw::describe_provider(provider) << "\n";
     std::cerr << "measuring raw " << provider << "\n";
-    const auto write_lat = raw::latency_us(provider, raw::transport::write, lat_sizes, quick);
+    const auto polled_lat =
+        raw::latency_us(provider, raw::transport::write_polled, lat_sizes, quick);
+    const auto writedata_lat =
+        raw::latency_us(provider, raw::transport::write_data, lat_sizes, quick);
     const auto msg_lat = raw::latency_us(provider, raw::transport::msg, lat_sizes, quick);
     const auto write_bw =
         raw::write_bandwidth_GBps(provider, raw::direction::one_way, bw_sizes, quick);
@@ -308,8 +354,10 @@ void run_core_benchmark(const options& opts, std::vector<result_row>& rows) {
       std::cerr << "measuring ours: " << v.name << "\n";
       const ours_results o = measure_ours(v, lat_sizes, bw_sizes, oh_sizes, quick);
       const std::string prefix = v.name + "/";
-      add_rows(rows, prefix + "latency", metric::latency_us, lat_sizes, o.latency,
-               {{"libfabric_write", write_lat}, {"libfabric_msg", msg_lat}});
+      add_rows(rows, prefix + "latency", metric::latency_us, lat_sizes, o.latency_polled,
+               {{"libfabric_write", polled_lat}});
+      add_rows(rows, prefix + "latency_notify", metric::latency_us, lat_sizes, o.latency,
+               {{"libfabric_writedata", writedata_lat}, {"libfabric_msg", msg_lat}});
       add_rows(rows, prefix + "bandwidth", metric::bandwidth_GBps, bw_sizes, o.bandwidth,
                {{"libfabric_write", write_bw}, {"memcpy", memcpy_GBps}});
       add_rows(rows, prefix + "bidir_bandwidth", metric::bandwidth_GBps, bw_sizes, o.bidir,

@@ -1,7 +1,8 @@
 // tests/bench/bench_core.h: the `core` benchmark of vmmc-bench.
 //
 // Cases, for each provider in options::providers ("<provider>/<case>"):
-//   latency          one-way ping-pong latency         refs libfabric_write, libfabric_msg
+//   latency          one-way ping-pong, receiver polls memory   ref libfabric_write (polled)
+//   latency_notify   one-way ping-pong with notifications  refs libfabric_writedata, _msg
 //   bandwidth        one-way streaming bandwidth       refs libfabric_write, memcpy
 //   bidir_bandwidth  both directions at once (total)   ref  libfabric_write
 //   overhead_async   per-call cost of an async send    ref  libfabric_write (fi_write)

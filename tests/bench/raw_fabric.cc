@@ -219,6 +219,12 @@ class raw_endpoint {
     }
   }
 
+  // Drives progress until `done` (memory the peer writes) holds.
+  template <class Pred>
+  void spin_until_true(Pred done) {
+    spin_until(done, "a polled write");
+  }
+
   fi_cq_data_entry wait_rx() {
     spin_until([&] { return !rx_.empty(); }, "a receive completion");
     const fi_cq_data_entry e = rx_.front();
@@ -392,15 +398,36 @@ std::vector<double> latency_us(const std::string& provider, transport how,
   auto post_receive = [how, buffer_size](session& s) {
     if (how == transport::msg) s.ep.post_recv(s.scratch.data, buffer_size, s.scratch.desc, nullptr);
   };
-  auto send_one = [how](session& s, std::size_t size) {
-    if (how == transport::write)
+  // write_polled: each side's n-th ping carries tag n (mod 255, never 0) in
+  // its last byte, written from scratch into the peer's buffer; the receiver
+  // spins on that byte of its own buffer. The tags live in this process.
+  std::uint8_t sent_tag = 0, seen_tag = 0;
+  auto next = [](std::uint8_t t) { return static_cast<std::uint8_t>(t % 255 + 1); };
+  std::size_t last_size = 8;
+  auto send_one = [&, how](session& s, std::size_t size) {
+    last_size = size;
+    if (how == transport::write_polled) {
+      sent_tag = next(sent_tag);
+      s.scratch.data[size - 1] = static_cast<char>(sent_tag);
+      if (size <= s.ep.inject_size())
+        s.ep.inject_write(s.scratch, size, s.peer);
+      else
+        s.ep.write(s.scratch, size, s.peer);
+    } else if (how == transport::write_data) {
       s.ep.write_data(s.buffer, size, s.peer, size);
-    else
+    } else {
       s.ep.send(s.buffer.data, size, s.buffer.desc);
+    }
   };
-  auto receive_one = [how, &post_receive](session& s) {
+  auto receive_one = [&, how](session& s) {
+    if (how == transport::write_polled) {
+      seen_tag = next(seen_tag);
+      volatile char* last = s.buffer.data + last_size - 1;
+      s.ep.spin_until_true([&] { return static_cast<std::uint8_t>(*last) == seen_tag; });
+      return;
+    }
     const fi_cq_data_entry e = s.ep.wait_rx();
-    if (how == transport::write && !(e.flags & FI_REMOTE_CQ_DATA))
+    if (how == transport::write_data && !(e.flags & FI_REMOTE_CQ_DATA))
       throw std::runtime_error("remote write completion without FI_REMOTE_CQ_DATA");
     post_receive(s);
   };
@@ -429,6 +456,7 @@ std::vector<double> latency_us(const std::string& provider, transport how,
         }
       },
       [&](session& s, const plan& p) {
+        last_size = p.size;  // the size the parent's pings arrive with
         for (std::uint64_t i = 0; i < p.iterations; ++i) {
           receive_one(s);
           send_one(s, p.size);

@@ -24,9 +24,12 @@ namespace vmmc::bench::raw {
 
 // How a ping-pong moves its bytes.
 enum class transport {
-  write,  // "libfabric_write": fi_writedata (fi_inject_writedata when small) into the
-          // peer's registered buffer; the peer sees the remote CQ data completion
-  msg,    // "libfabric_msg": fi_send (fi_inject when small) into a pre-posted fi_recv
+  write_polled,  // "libfabric_write": fi_write (fi_inject_write when small) into the
+                 // peer's registered buffer; the peer drives progress and spins on the
+                 // last byte, which carries a fresh tag (the VMMC papers' experiment)
+  write_data,    // "libfabric_writedata": fi_writedata (fi_inject_writedata when small);
+                 // the peer waits for the remote CQ data completion
+  msg,           // "libfabric_msg": fi_send (fi_inject when small) into a pre-posted fi_recv
 };
 
 // One-way latency in microseconds: the median over repeats of round trip / 2.
