@@ -11,5 +11,5 @@ for provider in "" "--provider shm" "--provider tcp"; do
   echo
 done
 echo "== vmmc-bench core --quick"
-build/tests/bench/vmmc-bench core --quick --json build/bench-core.json
+build/tests/bench/vmmc-bench core --quick --provider all --json build/bench-core.json
 echo "(JSON written to build/bench-core.json)"

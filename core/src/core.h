@@ -213,6 +213,7 @@ struct op {
   std::error_code error;             // first error, written before done
   std::shared_ptr<struct import_entry> import;
   std::optional<reg_cache::lease> lease;
+  bool zero_copy = false;  // a post reads or writes the caller's memory directly
   int bounce_slot = -1;
   void* copy_to = nullptr;  // small fetches land in a bounce slot first
   std::size_t copy_length = 0;

@@ -327,6 +327,7 @@ status fabric_endpoint::post_zero_copy(const std::shared_ptr<op>& o, reg_cache::
                                        Post&& post, const std::atomic<bool>& peer_alive) {
   void* desc = lease.descriptor();
   o->lease.emplace(std::move(lease));
+  o->zero_copy = true;
   o->parts.fetch_add(1, std::memory_order_relaxed);
   status s = post_retrying([&] { return post(desc, o.get()); }, peer_alive);
   if (!s) {

@@ -328,7 +328,10 @@ void run_core_benchmark(const options& opts, std::vector<result_row>& rows) {
   const auto oh_sizes = overhead_sizes(quick);
 
   std::cerr << "measuring memcpy\n";
-  const auto memcpy_GBps = raw::memcpy_bandwidth_GBps(bw_sizes, quick);
+  // "memcpy": the same two buffers every time, as every transfer row here;
+  // "memcpy_cold": through arenas that miss the caches from 1 MiB on.
+  const auto memcpy_GBps = raw::memcpy_bandwidth_GBps(bw_sizes, quick, false);
+  const auto memcpy_cold_GBps = raw::memcpy_bandwidth_GBps(bw_sizes, quick, true);
 
   for (const std::string& provider : opts.providers) {
     std::cout << "# " << raw::describe_provider(provider) << "\n";
@@ -359,7 +362,9 @@ void run_core_benchmark(const options& opts, std::vector<result_row>& rows) {
       add_rows(rows, prefix + "latency_notify", metric::latency_us, lat_sizes, o.latency,
                {{"libfabric_writedata", writedata_lat}, {"libfabric_msg", msg_lat}});
       add_rows(rows, prefix + "bandwidth", metric::bandwidth_GBps, bw_sizes, o.bandwidth,
-               {{"libfabric_write", write_bw}, {"memcpy", memcpy_GBps}});
+               {{"libfabric_write", write_bw},
+                {"memcpy", memcpy_GBps},
+                {"memcpy_cold", memcpy_cold_GBps}});
       add_rows(rows, prefix + "bidir_bandwidth", metric::bandwidth_GBps, bw_sizes, o.bidir,
                {{"libfabric_write", write_bidir}});
       add_rows(rows, prefix + "overhead_async", metric::overhead_us, oh_sizes, o.overhead_async,

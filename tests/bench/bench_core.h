@@ -3,7 +3,8 @@
 // Cases, for each provider in options::providers ("<provider>/<case>"):
 //   latency          one-way ping-pong, receiver polls memory   ref libfabric_write (polled)
 //   latency_notify   one-way ping-pong with notifications  refs libfabric_writedata, _msg
-//   bandwidth        one-way streaming bandwidth       refs libfabric_write, memcpy
+//   bandwidth        one-way streaming bandwidth       refs libfabric_write, memcpy,
+//                                                       memcpy_cold
 //   bidir_bandwidth  both directions at once (total)   ref  libfabric_write
 //   overhead_async   per-call cost of an async send    ref  libfabric_write (fi_write)
 //   overhead_sync    per-call cost of a sync send      ref  libfabric_write (inject or write+wait)

@@ -611,10 +611,12 @@ std::vector<send_overhead> write_overhead_us(const std::string& provider,
 
 // ---------------------------------------------------------------- memcpy
 
-std::vector<double> memcpy_bandwidth_GBps(const std::vector<std::size_t>& sizes, bool quick) {
+std::vector<double> memcpy_bandwidth_GBps(const std::vector<std::size_t>& sizes, bool quick,
+                                          bool cold) {
   std::vector<double> out;
   for (const std::size_t size : sizes) {
-    const std::size_t arena = size >= (1 << 20) ? std::max<std::size_t>(64 << 20, 4 * size) : size;
+    const std::size_t arena =
+        cold && size >= (1 << 20) ? std::max<std::size_t>(64 << 20, 4 * size) : size;
     // Page-aligned on purpose: with glibc's rep-movsb memcpy on this AMD EPYC,
     // copies run ~15x slower when (dst - src) mod 4096 lies in 1..31, which two
     // adjacent heap blocks easily hit.

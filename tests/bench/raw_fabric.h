@@ -55,11 +55,12 @@ struct send_overhead {
 std::vector<send_overhead> write_overhead_us(const std::string& provider,
                                              const std::vector<std::size_t>& sizes, bool quick);
 
-// Single-threaded memcpy bandwidth in GB/s, in this process. Sizes of 1 MiB and
-// more cycle through 64 MiB (or 4 x size) source and destination arenas so the
-// copies miss the caches; smaller sizes copy between the same two buffers, as
-// the fabric tests reuse one buffer.
-std::vector<double> memcpy_bandwidth_GBps(const std::vector<std::size_t>& sizes, bool quick);
+// Single-threaded memcpy bandwidth in GB/s, in this process. With `cold`,
+// sizes of 1 MiB and more cycle through 64 MiB (or 4 x size) source and
+// destination arenas so the copies miss the caches; otherwise every copy is
+// between the same two buffers, as the transfer experiments reuse one buffer.
+std::vector<double> memcpy_bandwidth_GBps(const std::vector<std::size_t>& sizes, bool quick,
+                                          bool cold);
 
 // One line about what the provider gave us: its name, inject size, MR mode,
 // progress model (fi_getinfo runs in a child process, see above).
