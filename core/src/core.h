@@ -201,7 +201,7 @@ static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
 // ---- libfabric (fabric.cc) ------------------------------------------------
 class fabric_endpoint;
 
-// One posted operation (or a group of posts, such as write + notify message).
+// One posted operation (or a group of posts, such as a write and its record).
 // Shared between the request table and the endpoint's in-flight set; libfabric
 // gets a raw pointer as its context and the endpoint keeps it alive until
 // every part has completed, even if the caller gave up because the peer died.
@@ -217,7 +217,7 @@ struct op {
   int bounce_slot = -1;
   void* copy_to = nullptr;  // small fetches land in a bounce slot first
   std::size_t copy_length = 0;
-  std::shared_ptr<op> parent;  // a message part completes into its op
+  std::shared_ptr<op> parent;  // a bounce-slot part completes into its op
 };
 
 struct fabric_mr {

@@ -1,4 +1,4 @@
-// Notifications: arriving through the mapped rings or as fabric messages,
+// Notifications: records arriving on the mapped rings or the fabric rings,
 // dispatched to export handlers in the polling thread; sleeping and waking.
 #include <poll.h>
 #include <unistd.h>

@@ -181,7 +181,9 @@ class context {
   // permission_denied, invalid_argument, peer_gone, fabric_error.
   //
   // send: returns when `source` may be reused and the data is on its way in
-  // order behind earlier sends to the same peer.
+  // order behind earlier sends to the same peer. Small sends are copied and
+  // return at once; a failure that happens after the copy (the peer died)
+  // is reported by the operations that follow.
   status send(import_handle to, std::uint64_t offset, const void* source, std::size_t length,
               send_options options = {});
   // fetch: returns when `destination` holds the bytes.
