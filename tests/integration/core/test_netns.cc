@@ -7,6 +7,8 @@
 #include <sched.h>
 
 #include <cstdlib>
+#include <optional>
+#include <utility>
 
 #include "integration/core/child_process.h"
 #include "vmmc/core/context.h"
@@ -83,27 +85,36 @@ int exporter_on_a(const std::string& ns, const std::string& ip, int out) {
   return 0;
 }
 
+// In a forked child: host B's context and its import of A's "region"
+// (a null context on any failure).
+std::pair<std::optional<core::context>, core::import_handle> importer_on(
+    const std::string& ns, const std::string& ip, const std::string& address) {
+  if (!enter(ns, ip)) return {};
+  auto c = core::context::create();
+  if (!c) return {};
+  auto h = c->import_buffer(address, "region");
+  if (!h) return {};
+  return {std::move(*c), *h};
+}
+
 TEST_F(CrossHost, TcpBetweenNamespaces) {
   child_process a([&](int out) { return exporter_on_a(ns_a_, ip_a_, out); });
   const std::string address = a.read_line();
   ASSERT_NE(address.find(ip_a_), std::string::npos) << address;
   child_process b([&](int out) {
-    if (!enter(ns_b_, ip_b_)) return 20;
-    auto c = core::context::create();
-    if (!c) return 21;
-    auto h = c->import_buffer(address, "region");
-    if (!h) return 22;
-    if (*c->path_of(*h) != "fabric:tcp;ofi_rxm") return 23;
+    auto [c, h] = importer_on(ns_b_, ip_b_, address);
+    if (!c) return 20;
+    if (*c->path_of(h) != "fabric:tcp;ofi_rxm") return 23;
     std::vector<unsigned char> data(1 << 20);
     for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<unsigned char>(i * 7);
     std::uint64_t sum = 0;
     for (unsigned char v : data) sum += v;
-    if (!c->send(*h, 0, data.data(), data.size(), {true, 1}).ok()) return 24;
+    if (!c->send(h, 0, data.data(), data.size(), {true, 1}).ok()) return 24;
     std::vector<unsigned char> back(data.size());
-    if (!c->fetch(*h, 0, back.data(), back.size()).ok() || back != data) return 25;
+    if (!c->fetch(h, 0, back.data(), back.size()).ok() || back != data) return 25;
     child_process::send_line(out, std::to_string(sum));
     std::uint64_t zero = 0;
-    return c->send(*h, 0, &zero, 0, {true, 0}).ok() ? 0 : 26;
+    return c->send(h, 0, &zero, 0, {true, 0}).ok() ? 0 : 26;
   });
   std::string sum = b.read_line();
   EXPECT_EQ(b.wait(), 0);
@@ -116,19 +127,16 @@ TEST_F(CrossHost, BrokenLinkIsReportedWithinOneSecond) {
   child_process a([&](int out) { return exporter_on_a(ns_a_, ip_a_, out); });
   const std::string address = a.read_line();
   child_process b([&](int out) {
-    if (!enter(ns_b_, ip_b_)) return 20;
-    auto c = core::context::create();
-    if (!c) return 21;
-    auto h = c->import_buffer(address, "region");
-    if (!h) return 22;
+    auto [c, h] = importer_on(ns_b_, ip_b_, address);
+    if (!c) return 20;
     std::uint64_t v = 5;
-    if (!c->send(*h, 0, &v, sizeof v, {true, 5}).ok()) return 23;
+    if (!c->send(h, 0, &v, sizeof v, {true, 5}).ok()) return 23;
     child_process::send_line(out, "sent");
     // Keep sending until the broken link is reported; print how long after
     // the parent's "down" line it took.
     auto start = std::chrono::steady_clock::now();
     status s;
-    while ((s = c->send(*h, 0, &v, sizeof v)).ok() &&
+    while ((s = c->send(h, 0, &v, sizeof v)).ok() &&
            std::chrono::steady_clock::now() - start < 10s)
       std::this_thread::sleep_for(1ms);
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(

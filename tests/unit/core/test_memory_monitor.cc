@@ -17,6 +17,7 @@
 
 #include <gtest/gtest.h>
 
+#include "unit/core/file_mapping.h"
 #include "vmmc/core/memory_monitor.h"
 
 namespace {
@@ -141,16 +142,9 @@ TEST_F(MemoryMonitor, RefusesWhatItCannotWatch) {
   munmap(p, page);
 
   // A regular file mapping: write-protect mode does not support it.
-  char path[] = "/tmp/vmmc_monitor_XXXXXX";
-  const int fd = mkstemp(path);
-  ASSERT_GE(fd, 0);
-  unlink(path);
-  ASSERT_EQ(ftruncate(fd, 4 * page), 0);
-  void* f = mmap(nullptr, 4 * page, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ASSERT_NE(f, MAP_FAILED);
-  EXPECT_TRUE(monitor_->watch(f, 4 * page).is(vmmc::errc::system_error));
-  munmap(f, 4 * page);
-  close(fd);
+  vmmc::test::file_mapping file(4 * page);
+  ASSERT_NE(file.data(), nullptr);
+  EXPECT_TRUE(monitor_->watch(file.data(), file.size()).is(vmmc::errc::system_error));
 }
 
 TEST_F(MemoryMonitor, DetachedListenerHearsNothing) {

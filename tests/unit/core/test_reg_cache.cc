@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include "vmmc/core/memory_monitor.h"
+#include "unit/core/file_mapping.h"
 #include "vmmc/core/reg_cache.h"
 
 namespace {
@@ -333,13 +334,9 @@ TEST_F(RegCacheWithMonitor, FreedAndReallocatedMallocBlockIsAMiss) {
 TEST_F(RegCacheWithMonitor, UnwatchableRangeIsRegisteredPerUse) {
   fake_registrar fake;
   reg_cache cache(fake, 64 << 20, monitor_.get());
-  char path[] = "/tmp/vmmc_reg_cache_XXXXXX";
-  const int fd = mkstemp(path);
-  ASSERT_GE(fd, 0);
-  unlink(path);
-  ASSERT_EQ(ftruncate(fd, 4 * page), 0);
-  void* f = mmap(nullptr, 4 * page, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ASSERT_NE(f, MAP_FAILED);
+  vmmc::test::file_mapping file(4 * page);
+  ASSERT_NE(file.data(), nullptr);
+  void* f = file.data();
   std::uint64_t token = 0;
   {
     auto l = acquire_ok(cache, f, 4 * page);
@@ -350,8 +347,6 @@ TEST_F(RegCacheWithMonitor, UnwatchableRangeIsRegisteredPerUse) {
   { auto l = acquire_ok(cache, f, 4 * page); }
   EXPECT_EQ(cache.counters().misses, 2u);
   EXPECT_EQ(cache.counters().bytes_registered, 0u);
-  munmap(f, 4 * page);
-  close(fd);
 }
 
 // Several threads acquire, release and invalidate overlapping ranges while one
