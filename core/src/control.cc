@@ -120,15 +120,7 @@ void context::impl::link_died(const link_ptr& link) {
   {
     std::lock_guard lock(links_mutex);
     // What the importer published before it went is delivered, not dropped.
-    if (notify_ring* ring = link->ring()) {
-      std::uint64_t head = ring->head.load(std::memory_order_relaxed);
-      const std::uint64_t tail = ring->tail.load(std::memory_order_acquire);
-      for (; tail - head <= notify_ring::capacity && head != tail; ++head) {
-        const notify_record& r = ring->records[head % notify_ring::capacity];
-        unread.push_back({r.export_id, r.offset, r.length, r.value});
-      }
-      ring->head.store(head, std::memory_order_release);
-    }
+    if (notify_ring* ring = link->ring()) (void)drain_ring(*ring, unread);
     std::erase(links, link);
     links_by_id.erase(link->id);
   }

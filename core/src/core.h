@@ -191,6 +191,11 @@ struct notify_ring {
   alignas(64) std::atomic<std::uint64_t> tail;  // next free slot
   alignas(64) notify_record records[capacity];
 };
+// Moves every published record to `out` and frees their slots. Returns false,
+// consuming nothing, when the indices are impossible (a corrupt producer).
+// Single consumer: callers hold links_mutex.
+bool drain_ring(notify_ring& ring, std::vector<notification>& out);
+
 // One page per exporter, mapped by its same-host importers: tells senders
 // whether the exporter sleeps on its eventfd and so needs a write() to wake.
 struct wake_page {
@@ -307,12 +312,16 @@ class fabric_endpoint final : public registrar {
   // Posts with -FI_EAGAIN handling: drives progress and retries.
   template <class Post>
   status post_retrying(Post&& post, const std::atomic<bool>& peer_alive);
+  // A read or write: copied through bounce slots up to inline_max (or when
+  // the UTLB cannot register it), else zero-copy from the caller's memory.
+  status post_rma(const std::shared_ptr<op>& o, bool is_write, fi_addr_t peer, std::byte* local,
+                  std::size_t length, std::uint64_t remote_address, std::uint64_t key,
+                  const std::atomic<bool>& peer_alive);
+  // Writes carry `immediate` as remote CQ data when it is set.
   status post_bounced(const std::shared_ptr<op>& o, bool is_write, fi_addr_t peer,
                       std::byte* local, std::size_t length, std::uint64_t remote_address,
-                      std::uint64_t key, const std::atomic<bool>& peer_alive);
-  template <class Post>
-  status post_zero_copy(const std::shared_ptr<op>& o, reg_cache::lease lease, Post&& post,
-                        const std::atomic<bool>& peer_alive);
+                      std::uint64_t key, const std::atomic<bool>& peer_alive,
+                      std::optional<std::uint64_t> immediate = std::nullopt);
   std::shared_ptr<op> start_part(const std::shared_ptr<op>& o, int slot);
   int take_bounce_slot(const std::atomic<bool>& peer_alive);
   void give_bounce_slot(int slot);

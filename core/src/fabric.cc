@@ -256,9 +256,12 @@ std::shared_ptr<op> fabric_endpoint::start_part(const std::shared_ptr<op>& o, in
 status fabric_endpoint::post_bounced(const std::shared_ptr<op>& o, bool is_write, fi_addr_t peer,
                                      std::byte* local, std::size_t length,
                                      std::uint64_t remote_address, std::uint64_t key,
-                                     const std::atomic<bool>& peer_alive) {
+                                     const std::atomic<bool>& peer_alive,
+                                     std::optional<std::uint64_t> immediate) {
   for (std::size_t done = 0; done < length;) {
-    const std::size_t chunk = std::min(inline_max_, length - done);
+    // Whole slots: a record (at most wire::ring_slot_size <= slot_size_)
+    // must travel as one write, since its immediate data names it once.
+    const std::size_t chunk = std::min(slot_size_, length - done);
     int slot = take_bounce_slot(peer_alive);
     if (slot < 0) return errc::peer_gone;
     std::byte* bounce = bounce_pool_.data() + static_cast<std::size_t>(slot) * slot_size_;
@@ -272,10 +275,11 @@ status fabric_endpoint::post_bounced(const std::shared_ptr<op>& o, bool is_write
     const std::uint64_t at = remote_address + done;
     status s = post_retrying(
         [&] {
-          return is_write ? fi_write(ep_, bounce, chunk, fi_mr_desc(bounce_mr_), peer, at, key,
-                                     part.get())
-                          : fi_read(ep_, bounce, chunk, fi_mr_desc(bounce_mr_), peer, at, key,
-                                    part.get());
+          void* desc = fi_mr_desc(bounce_mr_);
+          if (!is_write) return fi_read(ep_, bounce, chunk, desc, peer, at, key, part.get());
+          if (immediate)
+            return fi_writedata(ep_, bounce, chunk, desc, *immediate, peer, at, key, part.get());
+          return fi_write(ep_, bounce, chunk, desc, peer, at, key, part.get());
         },
         peer_alive);
     if (!s) {
@@ -294,42 +298,38 @@ status fabric_endpoint::post_write(const std::shared_ptr<op>& o, fi_addr_t peer,
                                    const std::atomic<bool>& peer_alive) {
   if (length <= inject_size_)
     return inject_write(peer, source, length, remote_address, key, peer_alive);
-  auto* bytes = static_cast<std::byte*>(const_cast<void*>(source));
-  if (length <= inline_max_)
-    return post_bounced(o, true, peer, bytes, length, remote_address, key, peer_alive);
-  // Zero copy from the caller's memory, registered through the UTLB.
-  auto lease = utlb_->acquire(source, length);
-  if (lease.is(errc::resource_exhausted))
-    return post_bounced(o, true, peer, bytes, length, remote_address, key, peer_alive);
-  if (!lease) return lease.error();
-  return post_zero_copy(o, std::move(*lease), [&](void* desc, void* context) {
-    return fi_write(ep_, source, length, desc, peer, remote_address, key, context);
-  }, peer_alive);
+  return post_rma(o, true, peer, static_cast<std::byte*>(const_cast<void*>(source)), length,
+                  remote_address, key, peer_alive);
 }
 
 status fabric_endpoint::post_read(const std::shared_ptr<op>& o, fi_addr_t peer, void* destination,
                                   std::size_t length, std::uint64_t remote_address,
                                   std::uint64_t key, const std::atomic<bool>& peer_alive) {
-  auto* bytes = static_cast<std::byte*>(destination);
-  if (length <= inline_max_)
-    return post_bounced(o, false, peer, bytes, length, remote_address, key, peer_alive);
-  auto lease = utlb_->acquire(destination, length);
-  if (lease.is(errc::resource_exhausted))
-    return post_bounced(o, false, peer, bytes, length, remote_address, key, peer_alive);
-  if (!lease) return lease.error();
-  return post_zero_copy(o, std::move(*lease), [&](void* desc, void* context) {
-    return fi_read(ep_, destination, length, desc, peer, remote_address, key, context);
-  }, peer_alive);
+  return post_rma(o, false, peer, static_cast<std::byte*>(destination), length, remote_address,
+                  key, peer_alive);
 }
 
-template <class Post>
-status fabric_endpoint::post_zero_copy(const std::shared_ptr<op>& o, reg_cache::lease lease,
-                                       Post&& post, const std::atomic<bool>& peer_alive) {
-  void* desc = lease.descriptor();
-  o->lease.emplace(std::move(lease));
+status fabric_endpoint::post_rma(const std::shared_ptr<op>& o, bool is_write, fi_addr_t peer,
+                                 std::byte* local, std::size_t length,
+                                 std::uint64_t remote_address, std::uint64_t key,
+                                 const std::atomic<bool>& peer_alive) {
+  if (length <= inline_max_)
+    return post_bounced(o, is_write, peer, local, length, remote_address, key, peer_alive);
+  auto lease = utlb_->acquire(local, length);
+  if (lease.is(errc::resource_exhausted))
+    return post_bounced(o, is_write, peer, local, length, remote_address, key, peer_alive);
+  if (!lease) return lease.error();
+  // Zero copy: the caller's memory, registered through the UTLB.
+  void* desc = lease->descriptor();
+  o->lease.emplace(std::move(*lease));
   o->zero_copy = true;
   o->parts.fetch_add(1, std::memory_order_relaxed);
-  status s = post_retrying([&] { return post(desc, o.get()); }, peer_alive);
+  status s = post_retrying(
+      [&] {
+        return is_write ? fi_write(ep_, local, length, desc, peer, remote_address, key, o.get())
+                        : fi_read(ep_, local, length, desc, peer, remote_address, key, o.get());
+      },
+      peer_alive);
   if (!s) {
     std::lock_guard lock(mutex_);
     complete(o.get(), s.error());
@@ -348,22 +348,9 @@ status fabric_endpoint::post_write_with_data(const std::shared_ptr<op>& o, fi_ad
           return fi_inject_writedata(ep_, source, length, immediate, peer, remote_address, key);
         },
         peer_alive);
-  int slot = take_bounce_slot(peer_alive);
-  if (slot < 0) return errc::peer_gone;
-  std::byte* bounce = bounce_pool_.data() + static_cast<std::size_t>(slot) * slot_size_;
-  std::memcpy(bounce, source, length);
-  auto part = start_part(o, slot);
-  status s = post_retrying(
-      [&] {
-        return fi_writedata(ep_, bounce, length, fi_mr_desc(bounce_mr_), immediate, peer,
-                            remote_address, key, part.get());
-      },
-      peer_alive);
-  if (!s) {
-    std::lock_guard lock(mutex_);
-    complete(part.get(), s.error());
-  }
-  return s;
+  // One bounce slot (see post_bounced).
+  return post_bounced(o, true, peer, static_cast<std::byte*>(const_cast<void*>(source)), length,
+                      remote_address, key, peer_alive, immediate);
 }
 
 // Called with mutex_ held.

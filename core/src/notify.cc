@@ -12,8 +12,7 @@ using namespace detail;
 // A record landed in the ring of link (immediate >> 40), with endpoint lock
 // held. Records of one link arrive in order; anything else is a lying peer.
 void context::impl::on_remote_record(std::uint64_t immediate) {
-  constexpr std::uint64_t sequence_mask = (std::uint64_t{1} << wire::immediate_sequence_bits) - 1;
-  const auto link_id = static_cast<std::uint32_t>(immediate >> wire::immediate_sequence_bits);
+  const std::uint32_t link_id = wire::immediate_link(immediate);
   link_ptr link;
   wire::fabric_ring* ring = nullptr;
   {
@@ -24,7 +23,7 @@ void context::impl::on_remote_record(std::uint64_t immediate) {
       ring = link->fabric_ring();
     }
   }
-  if (!ring || (link->next_record & sequence_mask) != (immediate & sequence_mask)) {
+  if (!ring || !wire::immediate_is(immediate, link->next_record)) {
     VMMC_WARN("dropped a notification record out of sequence (link %u)", link_id);
     if (link) link->alive = false;
     return;
@@ -80,6 +79,18 @@ bool context::impl::notification_pending() {
   return false;
 }
 
+bool detail::drain_ring(notify_ring& ring, std::vector<notification>& out) {
+  std::uint64_t head = ring.head.load(std::memory_order_relaxed);
+  const std::uint64_t tail = ring.tail.load(std::memory_order_acquire);
+  if (tail - head > notify_ring::capacity) return false;  // a corrupt producer
+  for (; head != tail; ++head) {
+    const notify_record& r = ring.records[head % notify_ring::capacity];
+    out.push_back({r.export_id, r.offset, r.length, r.value});
+  }
+  ring.head.store(head, std::memory_order_release);
+  return true;
+}
+
 std::size_t context::impl::poll_notifications() {
   last_app_poll_ns.store(now_ns(), std::memory_order_relaxed);
   std::lock_guard dispatch(dispatch_mutex);
@@ -92,21 +103,9 @@ std::size_t context::impl::poll_notifications() {
   std::vector<notification> batch;
   {
     std::lock_guard lock(links_mutex);
-    for (const link_ptr& link : links) {
-      notify_ring* ring = link->ring();
-      if (!ring) continue;
-      std::uint64_t head = ring->head.load(std::memory_order_relaxed);
-      const std::uint64_t tail = ring->tail.load(std::memory_order_acquire);
-      if (tail - head > notify_ring::capacity) {  // a corrupt producer: stop reading it
-        link->alive = false;
-        continue;
-      }
-      for (; head != tail; ++head) {
-        const notify_record& r = ring->records[head % notify_ring::capacity];
-        batch.push_back({r.export_id, r.offset, r.length, r.value});
-      }
-      ring->head.store(head, std::memory_order_release);
-    }
+    for (const link_ptr& link : links)
+      if (notify_ring* ring = link->ring(); ring && !drain_ring(*ring, batch))
+        link->alive = false;  // stop reading a corrupt producer
   }
   if (batch.empty())
     for (auto& e : endpoints)

@@ -155,9 +155,7 @@ status context::impl::post_record(const import_ptr& imp, const std::shared_ptr<o
     if (h.length) std::memcpy(record + sizeof h, payload, h.length);
     size += h.length;
   }
-  constexpr std::uint64_t sequence_mask = (std::uint64_t{1} << wire::immediate_sequence_bits) - 1;
-  const std::uint64_t immediate = (std::uint64_t{p.link_id} << wire::immediate_sequence_bits) |
-                                  (p.ring_tail & sequence_mask);
+  const std::uint64_t immediate = wire::make_immediate(p.link_id, p.ring_tail);
   const std::uint64_t address = p.ring_address + offsetof(wire::fabric_ring, slots) +
                                 (p.ring_tail % wire::ring_slots) * wire::ring_slot_size;
   status s = ep.post_write_with_data(o, imp->fi_address, record, size, address, p.ring_key,

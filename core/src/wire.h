@@ -124,6 +124,19 @@ inline constexpr std::uint32_t ring_slots = 256;
 inline constexpr std::size_t ring_slot_size = 256;
 inline constexpr std::size_t ring_inline_max = ring_slot_size - sizeof(record_header);
 inline constexpr int immediate_sequence_bits = 40;
+inline constexpr std::uint64_t immediate_sequence_mask =
+    (std::uint64_t{1} << immediate_sequence_bits) - 1;
+
+constexpr std::uint64_t make_immediate(std::uint32_t link_id, std::uint64_t sequence) {
+  return (std::uint64_t{link_id} << immediate_sequence_bits) | (sequence & immediate_sequence_mask);
+}
+constexpr std::uint32_t immediate_link(std::uint64_t immediate) {
+  return static_cast<std::uint32_t>(immediate >> immediate_sequence_bits);
+}
+// Whether `immediate` names record number `sequence` (compared modulo 2^40).
+constexpr bool immediate_is(std::uint64_t immediate, std::uint64_t sequence) {
+  return (immediate & immediate_sequence_mask) == (sequence & immediate_sequence_mask);
+}
 
 struct fabric_ring {
   alignas(64) std::uint64_t head;
