@@ -211,7 +211,6 @@ class fabric_endpoint;
 // gets a raw pointer as its context and the endpoint keeps it alive until
 // every part has completed, even if the caller gave up because the peer died.
 struct op {
-  std::uint64_t id = 0;
   void* user_context = nullptr;
   std::atomic<int> parts{0};         // posts still outstanding
   std::atomic<bool> done{false};

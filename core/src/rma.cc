@@ -194,7 +194,6 @@ result<request> context::impl::remember(std::shared_ptr<op> o, void* user_contex
   }
   std::lock_guard lock(requests_mutex);
   request r{next_request_id++};
-  o->id = r.id;
   requests.emplace(r.id, std::move(o));
   return r;
 }
