@@ -172,6 +172,7 @@ status context::unimport_buffer(import_handle h) { return impl_->unimport_buffer
 result<import_info> context::describe(import_handle h) const {
   auto imp = impl_->find_import(h);
   if (!imp) return errc::unknown_handle;
+  if (!imp->peer->alive.load(std::memory_order_acquire)) return errc::peer_gone;
   return import_info{imp->length, imp->allowed};
 }
 

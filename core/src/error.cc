@@ -23,6 +23,8 @@ class category final : public std::error_category {
       case errc::system_error: return "system call failed";
       case errc::already_exists: return "already exists";
       case errc::unreachable: return "peer unreachable";
+      case errc::not_connected: return "not connected";
+      case errc::closed: return "already closed";
     }
     return "unknown vmmc error";
   }

@@ -30,6 +30,8 @@ enum class errc : int {
   system_error = 12,       // an OS call failed (details in the log)
   already_exists = 13,     // an export of that name is already registered
   unreachable = 14,        // no path (provider, control connection) reaches the peer
+  not_connected = 15,      // the channel or socket has no peer yet
+  closed = 16,             // this end already closed the direction it is used in
 };
 
 // The category's name is "vmmc"; messages are short English sentences.

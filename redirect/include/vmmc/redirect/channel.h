@@ -1,0 +1,173 @@
+// vmmc/redirect/channel.h: transfer redirection channels (VMMC-2) on core.
+//
+// A channel is one end of a pair of byte streams between two processes, one
+// stream per direction. Each end owns a *receive area*, exported through core:
+// a default buffer (a ring) that the peer's sends write into, plus the small
+// state words of the protocol. Data sent by the peer appears in the ring
+// without any action of the receiver; read() copies it out.
+//
+// Redirection: a receiver may *post* its final buffer for the next bytes
+// (receive()). Bytes the sender issues after it has seen the post land in
+// the posted buffer directly, with no receive-side copy; bytes it issued
+// before are copied out of the ring. One transfer may be split between the
+// two, and receive() reports exactly how many bytes went each way. The
+// receiver posts only when that pays: on the fabric path, for large receives.
+// On the same-host mapped path the copy out of the ring is faster than the
+// kernel copy that direct placement would need (see the sockets benchmark),
+// so receive() copies there.
+//
+// Flow control: the sender writes only into ring space the receiver has
+// released (credits written back into the sender's area), so a fast sender
+// never overruns the ring; write() accepts what fits and says how much.
+//
+// Sleeping without losing a wake-up: a receiver about to sleep calls
+// prepare_sleep(); it tells the peer to ring the doorbell (a callback the
+// user of the channel supplies, e.g. one byte on a TCP connection) on its next
+// send, then checks that nothing is already on its way. The same holds for a
+// sender waiting for ring space.
+//
+// Setting up: both ends create() a channel; one end (the *active* one)
+// learns the other's descriptor in-band and calls connect(); the passive end
+// completes with accept_peer() once the active end's hello has arrived in its
+// area. Each hello carries a small user payload (sockets use it for the
+// number of bytes that went over TCP before the switch).
+//
+// Thread safety: one thread may read (read/receive/peek/readable/
+// prepare_sleep(for_data)) while another writes (write/close_write/
+// prepare_sleep(for_space)); set-up and destruction need exclusive access.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "vmmc/core/context.h"
+#include "vmmc/core/error.h"
+
+namespace vmmc::redirect {
+
+struct channel_options {
+  // Bytes in this end's default buffer; 0 means the setting
+  // VMMC_REDIRECT_RING_BYTES. Rounded up to a power of two.
+  std::size_t ring_bytes = 0;
+  // Smallest receive() that posts its buffer for redirection on the fabric
+  // path; 0 means the setting VMMC_REDIRECT_POST_MIN.
+  std::size_t post_min = 0;
+  // Called (from whichever thread sends) when the peer sleeps and must be
+  // woken. Must not block and must not call back into the channel.
+  std::function<void()> ring_doorbell;
+  // Sleeps until this end's doorbell rang (and clears it) or `timeout_ms`
+  // passed; the channel calls it from blocking waits after prepare_sleep().
+  // Empty: blocking waits nap briefly instead (fine for tests, not for idle
+  // processes).
+  std::function<void(int timeout_ms)> await_doorbell;
+};
+
+// Where the bytes of one receive() came from.
+struct receive_result {
+  std::size_t copied = 0;      // copied out of the default buffer
+  std::size_t redirected = 0;  // placed directly by the sender
+  std::size_t total() const { return copied + redirected; }
+};
+
+struct channel_counters {
+  std::uint64_t bytes_sent, bytes_received;
+  std::uint64_t bytes_copied;      // delivered by a copy out of the ring
+  std::uint64_t bytes_redirected;  // delivered straight into posted buffers
+  std::uint64_t posts, doorbells_rung;
+};
+
+enum class sleep_reason { data, space };
+
+class channel {
+ public:
+  // Allocates and exports this end's receive area.
+  // Errors: invalid_argument (ring_bytes too large), resource_exhausted, and
+  // those of context::allocate / export_buffer.
+  static result<channel> create(core::context& ctx, channel_options options = {});
+
+  channel(channel&&) noexcept;
+  channel& operator=(channel&&) noexcept;
+  // Withdraws the area; a connected peer's later operations fail.
+  ~channel();
+
+  // Printable description of this end (context address, export name, ring
+  // size), to be given to the peer in-band. No whitespace, < 4 KiB.
+  std::string descriptor() const;
+
+  // Active end: imports the peer's area and places this end's hello there
+  // (descriptor + `user_hello`). Returns once the hello is visible to the
+  // peer. Errors: invalid_argument (malformed descriptor or user_hello over
+  // 64 bytes), the errors of context::import_buffer, protocol_error.
+  status connect(std::string_view peer_descriptor, std::string_view user_hello);
+  // Passive end: returns would_block until the active end's hello is in this
+  // end's area; then imports the peer's area, places its own hello there and
+  // returns the peer's user payload.
+  result<std::string> accept_peer(std::string_view user_hello);
+  // After connect(): the passive end's user payload once it arrived, else
+  // would_block.
+  result<std::string> peer_hello();
+  bool connected() const noexcept;
+
+  // --- sending ----------------------------------------------------------
+  // Sends up to `length` bytes; returns how many were accepted (> 0), or
+  // would_block when the ring is full and no post is open. Bytes accepted are
+  // on their way in order. Errors: not_connected, closed (this end called
+  // close_write), peer_gone, and core's send errors.
+  result<std::size_t> write(const void* data, std::size_t length);
+  // Blocking form: waits up to `timeout` for ring space (or a post); returns
+  // once `all` bytes (or, with all == false, at least one) are accepted.
+  // Errors as write(), plus timed_out when no byte could be accepted.
+  result<std::size_t> write(const void* data, std::size_t length, bool all,
+                            std::chrono::milliseconds timeout);
+  // End of stream: the peer reads the bytes sent so far, then end of file.
+  status close_write();
+
+  // --- receiving --------------------------------------------------------
+  // Bytes ready to be read without waiting (ring contents).
+  std::size_t readable();
+  // True once the peer closed its write side and every byte was read.
+  bool at_end();
+  // Copies up to `length` ready bytes out of the ring; `consume` false peeks.
+  // Returns 0 when nothing is ready (see at_end() for end of stream).
+  std::size_t read(void* data, std::size_t length, bool consume = true);
+  // Receives into `data`, waiting up to `timeout` for the first byte: posts
+  // the buffer for redirection when that pays (see above), else waits and
+  // copies. Returns as soon as some bytes are there (all `length` when
+  // `wait_all`), or 0 bytes at end of stream. Works before this end is
+  // connected too (the passive end may read before accept_peer), without
+  // posting. Errors: timed_out (no byte came), peer_gone.
+  result<receive_result> receive(void* data, std::size_t length, bool wait_all,
+                                 std::chrono::milliseconds timeout);
+  // Drives progress and takes in what the peer wrote; cheap, no system call on
+  // the mapped path. Returns true when something changed for this end
+  // (bytes arrived, space freed, hello or end of stream).
+  bool poll();
+
+  // Call before sleeping on the doorbell. Returns false when sleeping would
+  // lose a wake-up (data/space is there or on its way): poll instead.
+  bool prepare_sleep(sleep_reason reason);
+  // A number that changes whenever the peer wrote something this end may
+  // care about (bytes, credit, end of stream); for edge-triggered readiness.
+  std::uint64_t activity();
+  // Space free in the peer's ring for write() without blocking.
+  std::size_t writable();
+  // The peer process is gone (its context's control connection broke).
+  bool peer_gone();
+
+  channel_counters stats() const;
+  // "mapped" or "fabric:<provider>" once connected; for benchmarks and logs.
+  std::string path() const;
+
+  class impl;
+
+ private:
+  explicit channel(std::unique_ptr<impl> p);
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace vmmc::redirect

@@ -1,0 +1,733 @@
+// A channel end: its exported area, set-up, and the word-level protocol of
+// wire.h (ring writes and credits, doorbell arming, one redirection post).
+#include "vmmc/redirect/channel.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <charconv>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "settings.h"
+#include "wire.h"
+
+namespace vmmc::redirect {
+
+namespace {
+using clock = std::chrono::steady_clock;
+using wire::area_header;
+
+constexpr std::size_t page = 4096;
+constexpr std::size_t max_ring_bytes = std::size_t{1} << 30;
+constexpr std::size_t cached_buffers = 4;  // posted-buffer exports/imports kept per end
+
+std::uint64_t load(const std::uint64_t& word) {
+  return std::atomic_ref<std::uint64_t>(const_cast<std::uint64_t&>(word))
+      .load(std::memory_order_acquire);
+}
+void store(std::uint64_t& word, std::uint64_t value) {
+  std::atomic_ref<std::uint64_t>(word).store(value, std::memory_order_release);
+}
+void full_fence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+
+// Export names must be unique per process and unguessable across processes:
+// a post names a buffer the peer may write into.
+std::string unique_name(const char* kind) {
+  static const std::string prefix = [] {
+    std::random_device rd;
+    std::uint64_t r = (std::uint64_t{rd()} << 32) ^ rd();
+    char buf[40];
+    std::snprintf(buf, sizeof buf, "rd%x.%016llx", static_cast<unsigned>(::getpid()),
+                  static_cast<unsigned long long>(r));
+    return std::string(buf);
+  }();
+  static std::atomic<std::uint64_t> counter{0};
+  return prefix + kind + std::to_string(counter.fetch_add(1) + 1);
+}
+
+std::size_t round_up_pow2(std::size_t n) {
+  std::size_t p = page;
+  while (p < n) p <<= 1;
+  return p;
+}
+
+struct parsed_descriptor {
+  std::string name;
+  std::uint64_t ring_bytes = 0;
+  std::string address;
+};
+
+// "<export name>#<ring bytes>#<context address>"
+bool parse_descriptor(std::string_view text, parsed_descriptor& out) {
+  auto first = text.find('#');
+  if (first == std::string_view::npos || first == 0 || first >= wire::name_max) return false;
+  auto second = text.find('#', first + 1);
+  if (second == std::string_view::npos) return false;
+  std::string_view ring = text.substr(first + 1, second - first - 1);
+  auto [end, ec] = std::from_chars(ring.data(), ring.data() + ring.size(), out.ring_bytes);
+  if (ec != std::errc() || end != ring.data() + ring.size()) return false;
+  if (out.ring_bytes < page || out.ring_bytes > max_ring_bytes ||
+      (out.ring_bytes & (out.ring_bytes - 1)))
+    return false;
+  out.name = std::string(text.substr(0, first));
+  out.address = std::string(text.substr(second + 1));
+  if (out.address.empty() || text.size() >= wire::descriptor_max) return false;
+  for (char c : text)
+    if (c <= ' ' || c > '~') return false;
+  return true;
+}
+}  // namespace
+
+class channel::impl {
+ public:
+  impl(core::context& c, channel_options o) : ctx(c), options(std::move(o)) {}
+  ~impl();
+
+  status create_area();
+  status attach(const parsed_descriptor& peer_area);
+  status place_hello(std::string_view user_hello);
+  result<std::string> read_hello() const;
+
+  result<std::size_t> write(const std::byte* data, std::size_t length);
+  result<std::size_t> write_wait(const std::byte* data, std::size_t length, bool all,
+                                 std::chrono::milliseconds timeout);
+  std::size_t redirect_into_post(const std::byte* data, std::size_t length, status& error);
+  void ring_if_armed(const std::uint64_t& armed_word, std::uint64_t& last_rung);
+  status close_write();
+
+  std::size_t readable();
+  std::size_t copy_out(std::byte* data, std::size_t length, bool consume);
+  void return_credit();
+  result<receive_result> receive(std::byte* data, std::size_t length, bool wait_all,
+                                 std::chrono::milliseconds timeout);
+  result<receive_result> complete_post(std::byte* data, std::size_t length, bool wait_all,
+                                       clock::time_point deadline);
+  status post_buffer(std::byte* data, std::size_t length);
+  bool withdraw_post();
+  status wait_a_little(clock::time_point deadline, clock::time_point& spin_until,
+                       sleep_reason reason);
+  bool poll();
+  bool prepare_sleep(sleep_reason reason);
+  std::size_t writable();
+  bool at_end();
+  bool gone();
+
+  status put(std::size_t offset, std::uint64_t value) {
+    return ctx.send(peer, offset, &value, sizeof value);
+  }
+  result<std::uint64_t> get(std::size_t offset) {
+    std::uint64_t v = 0;
+    if (status s = ctx.fetch(peer, offset, &v, sizeof v); !s) return s.error();
+    return v;
+  }
+  void progress() {
+    if (fabric) ctx.progress();
+  }
+
+  core::context& ctx;
+  channel_options options;
+  std::size_t post_min = 0;
+  std::chrono::microseconds spin{50};
+
+  // This end's area.
+  core::mappable_buffer memory;
+  area_header* area = nullptr;
+  std::byte* ring = nullptr;
+  std::size_t ring_bytes = 0;
+  std::string area_name;
+  core::export_handle area_export{};
+  bool exported = false;
+
+  // The peer's area.
+  core::import_handle peer{};
+  bool attached = false;
+  bool fabric = false;
+  std::string path_name;
+  std::uint64_t peer_ring_bytes = 0, peer_ring_offset = 0;
+  std::string peer_address;
+
+  // Writer side (one thread at a time).
+  std::uint64_t stream_sent = 0, ring_written = 0, credit = 0;
+  std::uint64_t handled_post = 0, last_rung_data = 0, space_epoch = 0;
+  bool write_closed = false;
+  struct buffer_import {
+    std::string name;
+    core::import_handle handle;
+  };
+  std::vector<buffer_import> buffer_imports;
+
+  // Reader side (one thread at a time).
+  std::uint64_t stream_read = 0, ring_read = 0, credited = 0;
+  std::uint64_t data_epoch = 0, last_rung_space = 0, post_id = 0, post_start = 0;
+  bool post_open = false;
+  struct buffer_export {
+    const std::byte* base;
+    std::size_t length;
+    std::string name;
+    core::export_handle handle;
+  };
+  std::vector<buffer_export> buffer_exports;
+
+  std::atomic<std::uint64_t> bytes_sent{0}, bytes_received{0}, bytes_copied{0},
+      bytes_redirected{0}, posts{0}, doorbells{0};
+};
+
+// ------------------------------------------------------------------ set-up
+
+status channel::impl::create_area() {
+  std::size_t want = options.ring_bytes
+                         ? options.ring_bytes
+                         : static_cast<std::size_t>(core::setting_integer(settings::ring_bytes));
+  if (want > max_ring_bytes) return errc::invalid_argument;
+  ring_bytes = round_up_pow2(want);
+  post_min = options.post_min
+                 ? options.post_min
+                 : static_cast<std::size_t>(core::setting_integer(settings::post_min));
+  spin = std::chrono::microseconds(core::setting_integer(core::settings::spin_us));
+
+  std::size_t header = (sizeof(area_header) + page - 1) / page * page;
+  auto mem = ctx.allocate(header + ring_bytes);
+  if (!mem) return mem.error();
+  memory = std::move(*mem);
+  area = new (memory.data()) area_header{};
+  area->magic = wire::area_magic;
+  area->ring_bytes = ring_bytes;
+  area->ring_offset = header;
+  ring = memory.data() + header;
+
+  area_name = unique_name("a");
+  core::export_options eo;
+  eo.allowed = core::rights::read_write;
+  // The name is the capability: only the peer it is handed to in-band knows it.
+  eo.policy = core::import_policy::anyone();
+  auto h = ctx.export_buffer(area_name, memory.data(), memory.size(), std::move(eo));
+  if (!h) return h.error();
+  area_export = *h;
+  exported = true;
+  return {};
+}
+
+channel::impl::~impl() {
+  if (attached) {
+    for (auto& b : buffer_imports) (void)ctx.unimport_buffer(b.handle);
+    (void)ctx.unimport_buffer(peer);
+  }
+  for (auto& b : buffer_exports) (void)ctx.unexport_buffer(b.handle);
+  if (exported) (void)ctx.unexport_buffer(area_export);
+}
+
+status channel::impl::attach(const parsed_descriptor& peer_area) {
+  auto h = ctx.import_buffer(peer_area.address, peer_area.name);
+  if (!h) return h.error();
+  peer = *h;
+  attached = true;
+  peer_address = peer_area.address;
+  auto info = ctx.describe(peer);
+  if (!info) return info.error();
+  std::uint64_t words[3] = {};
+  if (status s = ctx.fetch(peer, 0, words, sizeof words); !s) return s;
+  if (words[0] != wire::area_magic || words[1] != peer_area.ring_bytes ||
+      words[2] % page != 0 || words[2] < sizeof(area_header) ||
+      info->length < words[2] + words[1])
+    return errc::protocol_error;
+  peer_ring_bytes = words[1];
+  peer_ring_offset = words[2];
+  auto p = ctx.path_of(peer);
+  path_name = p ? *p : "unknown";
+  fabric = path_name != "mapped";
+  return {};
+}
+
+status channel::impl::place_hello(std::string_view user_hello) {
+  std::string me = area_name + "#" + std::to_string(ring_bytes) + "#" + ctx.address();
+  wire::hello h{};
+  h.descriptor_length = static_cast<std::uint32_t>(me.size());
+  h.user_length = static_cast<std::uint32_t>(user_hello.size());
+  std::memcpy(h.user, user_hello.data(), user_hello.size());
+  std::memcpy(h.descriptor, me.data(), me.size());
+  constexpr std::size_t at = offsetof(area_header, peer_hello);
+  std::size_t body = offsetof(wire::hello, descriptor) + me.size();
+  if (status s = ctx.send(peer, at + sizeof h.state, reinterpret_cast<std::byte*>(&h) + 8,
+                          body - sizeof h.state);
+      !s)
+    return s;
+  if (status s = put(at, 1); !s) return s;
+  // Visible before we return: a fetch is ordered behind our writes.
+  if (fabric) return get(offsetof(area_header, own_sent)).has_value() ? status{} : errc::peer_gone;
+  return {};
+}
+
+result<std::string> channel::impl::read_hello() const {
+  const wire::hello& h = area->peer_hello;
+  if (load(h.state) != 1) return errc::would_block;
+  if (h.user_length > wire::user_hello_max || h.descriptor_length >= wire::descriptor_max)
+    return errc::protocol_error;
+  return std::string(h.user, h.user_length);
+}
+
+// ------------------------------------------------------------------ sending
+
+// Rings the peer's doorbell once per arming epoch it published in our area.
+void channel::impl::ring_if_armed(const std::uint64_t& armed_word, std::uint64_t& last_rung) {
+  std::uint64_t armed = load(armed_word);
+  if (armed <= last_rung) return;
+  last_rung = armed;
+  doorbells.fetch_add(1, std::memory_order_relaxed);
+  if (options.ring_doorbell) options.ring_doorbell();
+}
+
+// Takes up the peer's open post, if any: places the first bytes of `data`
+// that fall inside it straight into the posted buffer and reports. Every post
+// seen is answered within this call, so the poster never waits on our future.
+std::size_t channel::impl::redirect_into_post(const std::byte* data, std::size_t length,
+                                              status& error) {
+  const wire::post& p = area->open_post;
+  std::uint64_t id = load(p.id);
+  if (id <= handled_post) return 0;
+  handled_post = id;
+  store(area->own_post_seen, id);
+  full_fence();  // pairs with the poster's withdraw-then-fetch
+  std::size_t placed = 0;
+  std::uint64_t start = stream_sent;
+  if (load(area->withdrawn) < id && start >= p.stream_position &&
+      start - p.stream_position < p.length && length > 0) {
+    std::uint64_t offset = start - p.stream_position;
+    std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(length, p.length - offset));
+    std::string name(p.name, strnlen(p.name, wire::name_max));
+    auto it = std::find_if(buffer_imports.begin(), buffer_imports.end(),
+                           [&](const buffer_import& b) { return b.name == name; });
+    core::import_handle target{};
+    if (it != buffer_imports.end()) {
+      target = it->handle;
+    } else if (auto h = ctx.import_buffer(peer_address, name); h) {
+      if (buffer_imports.size() >= cached_buffers) {
+        (void)ctx.unimport_buffer(buffer_imports.front().handle);
+        buffer_imports.erase(buffer_imports.begin());
+      }
+      buffer_imports.push_back({name, *h});
+      target = *h;
+    }
+    if (target.id != 0) {
+      store(area->own_sent, stream_sent + n);
+      if (status s = ctx.send(target, offset, data, n); s) {
+        placed = n;
+      } else if (!s.is(errc::unknown_handle) && !s.is(errc::out_of_range)) {
+        error = s;  // the peer is gone: nothing more to report
+        return 0;
+      }
+    }
+  }
+  wire::report r{start, placed, 0};
+  constexpr std::size_t at = offsetof(area_header, post_report);
+  if (status s = ctx.send(peer, at, &r, offsetof(wire::report, id)); !s) error = s;
+  if (!error) return 0;
+  if (status s = put(at + offsetof(wire::report, id), id); !s) error = s;
+  if (placed && error) {
+    stream_sent += placed;
+    store(area->own_sent, stream_sent);
+    if (status s = put(offsetof(area_header, produced), stream_sent); !s) error = s;
+    bytes_sent.fetch_add(placed, std::memory_order_relaxed);
+  }
+  return error ? placed : 0;
+}
+
+result<std::size_t> channel::impl::write(const std::byte* data, std::size_t length) {
+  if (!attached) return errc::not_connected;
+  if (write_closed) return errc::closed;
+  status error;
+  std::size_t done = redirect_into_post(data, length, error);
+  if (!error) return error.error();
+  if (done < length) {
+    std::uint64_t granted = load(area->credit);
+    if (granted > credit) credit = granted;
+    std::size_t space = static_cast<std::size_t>(peer_ring_bytes - (ring_written - credit));
+    std::size_t n = std::min(length - done, space);
+    if (n > 0) {
+      store(area->own_sent, stream_sent + n);
+      std::size_t at = static_cast<std::size_t>(ring_written & (peer_ring_bytes - 1));
+      std::size_t first = std::min<std::size_t>(n, peer_ring_bytes - at);
+      if (status s = ctx.send(peer, peer_ring_offset + at, data + done, first); !s)
+        return s.error();
+      if (first < n) {
+        if (status s = ctx.send(peer, peer_ring_offset, data + done + first, n - first); !s)
+          return s.error();
+      }
+      ring_written += n;
+      stream_sent += n;
+      done += n;
+      if (status s = put(offsetof(area_header, produced), stream_sent); !s) return s.error();
+      bytes_sent.fetch_add(n, std::memory_order_relaxed);
+    }
+    // A post that arrived while we wrote is answered now, not later.
+    (void)redirect_into_post(nullptr, 0, error);
+    if (!error) return error.error();
+  }
+  if (done == 0) {
+    progress();
+    return errc::would_block;
+  }
+  full_fence();  // our own_sent/data before the peer's arming word (see prepare_sleep)
+  ring_if_armed(area->data_armed, last_rung_data);
+  return done;
+}
+
+result<std::size_t> channel::impl::write_wait(const std::byte* data, std::size_t length,
+                                              bool all, std::chrono::milliseconds timeout) {
+  auto deadline = timeout == std::chrono::milliseconds::max() ? clock::time_point::max()
+                                                              : clock::now() + timeout;
+  auto spin_until = clock::now() + spin;
+  std::size_t done = 0;
+  while (done < length) {
+    auto n = write(data + done, length - done);
+    if (n) {
+      done += *n;
+      if (!all) break;
+      spin_until = clock::now() + spin;
+      continue;
+    }
+    if (!n.is(errc::would_block)) {
+      if (done > 0) break;
+      return n.error();
+    }
+    if (status s = wait_a_little(deadline, spin_until, sleep_reason::space); !s) {
+      if (done > 0) break;
+      return s.error();
+    }
+  }
+  return done;
+}
+
+status channel::impl::close_write() {
+  if (!attached) return errc::not_connected;
+  if (write_closed) return {};
+  status error;
+  (void)redirect_into_post(nullptr, 0, error);
+  write_closed = true;
+  if (error) error = put(offsetof(area_header, fin), stream_sent + 1);
+  full_fence();
+  ring_if_armed(area->data_armed, last_rung_data);
+  return error;
+}
+
+std::size_t channel::impl::writable() {
+  if (!attached || write_closed) return 0;
+  std::uint64_t granted = load(area->credit);
+  if (granted > credit) credit = granted;
+  return static_cast<std::size_t>(peer_ring_bytes - (ring_written - credit));
+}
+
+// ---------------------------------------------------------------- receiving
+
+bool channel::impl::poll() {
+  progress();
+  return readable() > 0 || load(area->fin) != 0 || load(area->peer_hello.state) == 1;
+}
+
+std::size_t channel::impl::readable() {
+  progress();
+  if (post_open) return 0;  // bytes in flight belong to the post's accounting
+  return static_cast<std::size_t>(load(area->produced) - stream_read);
+}
+
+bool channel::impl::at_end() {
+  std::uint64_t fin = load(area->fin);
+  return fin != 0 && !post_open && stream_read == fin - 1;
+}
+
+// Copies ring bytes (never more than have arrived) and releases them.
+std::size_t channel::impl::copy_out(std::byte* data, std::size_t length, bool consume) {
+  std::size_t n = std::min<std::size_t>(length, static_cast<std::size_t>(
+                                                    load(area->produced) - stream_read));
+  if (n == 0) return 0;
+  std::size_t at = static_cast<std::size_t>(ring_read & (ring_bytes - 1));
+  std::size_t first = std::min(n, ring_bytes - at);
+  std::memcpy(data, ring + at, first);
+  if (first < n) std::memcpy(data + first, ring, n - first);
+  if (consume) {
+    stream_read += n;
+    ring_read += n;
+    bytes_received.fetch_add(n, std::memory_order_relaxed);
+    bytes_copied.fetch_add(n, std::memory_order_relaxed);
+    return_credit();
+  }
+  return n;
+}
+
+// Credits go back lazily (a quarter ring at a time) unless the sender sleeps
+// waiting for them; own_consumed always tells the truth for its sleep check.
+void channel::impl::return_credit() {
+  store(area->own_consumed, ring_read);
+  full_fence();  // pairs with the sender's arm-then-fetch in prepare_sleep(space)
+  std::uint64_t armed = load(area->space_armed);
+  bool sender_waits = armed > last_rung_space;
+  if (!sender_waits && ring_read - credited < ring_bytes / 4) return;
+  if (!attached) return;
+  if (!put(offsetof(area_header, credit), ring_read)) return;  // peer gone: reads still work
+  credited = ring_read;
+  if (sender_waits) ring_if_armed(area->space_armed, last_rung_space);
+}
+
+bool channel::impl::prepare_sleep(sleep_reason reason) {
+  if (!attached) return true;
+  if (reason == sleep_reason::data) {
+    if (readable() > 0 || load(area->fin) != 0) return false;
+    if (!put(offsetof(area_header, data_armed), ++data_epoch)) return false;
+    full_fence();
+    auto sent = get(offsetof(area_header, own_sent));  // ordered behind the arming write
+    if (!sent) return false;                           // gone: let the caller find out
+    return *sent <= load(area->produced) && load(area->fin) == 0;
+  }
+  if (writable() > 0) return false;
+  if (!put(offsetof(area_header, space_armed), ++space_epoch)) return false;
+  full_fence();
+  auto consumed = get(offsetof(area_header, own_consumed));
+  if (!consumed) return false;
+  if (*consumed > credit) {
+    credit = *consumed;  // the peer's own count is authoritative
+    return false;
+  }
+  return true;
+}
+
+bool channel::impl::gone() { return attached && ctx.describe(peer).is(errc::peer_gone); }
+
+// Waits a bounded slice: busy-polls until `spin_until`, then sleeps on the
+// doorbell (or naps when the user gave no doorbell) with the arming protocol.
+status channel::impl::wait_a_little(clock::time_point deadline, clock::time_point& spin_until,
+                                    sleep_reason reason) {
+  auto now = clock::now();
+  if (now >= deadline) return errc::timed_out;
+  if (now < spin_until) {
+    progress();
+    return {};
+  }
+  if (gone()) return errc::peer_gone;
+  if (!attached) {
+    // Cannot arm a doorbell before we reach the peer's area: nap instead.
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    return {};
+  }
+  if (!prepare_sleep(reason)) return {};
+  auto slice = std::min<clock::duration>(deadline - now, std::chrono::milliseconds(100));
+  if (options.await_doorbell) {
+    options.await_doorbell(
+        static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(slice).count()));
+  } else {
+    std::this_thread::sleep_for(std::min<clock::duration>(slice, std::chrono::microseconds(200)));
+  }
+  spin_until = clock::now() + spin;
+  return {};
+}
+
+status channel::impl::post_buffer(std::byte* data, std::size_t length) {
+  auto it = std::find_if(buffer_exports.begin(), buffer_exports.end(),
+                         [&](const buffer_export& b) { return b.base == data && b.length == length; });
+  std::string name;
+  if (it != buffer_exports.end()) {
+    name = it->name;
+  } else {
+    name = unique_name("b");
+    core::export_options eo;
+    eo.allowed = core::rights::write;
+    eo.policy = core::import_policy::anyone();
+    auto h = ctx.export_buffer(name, data, length, std::move(eo));
+    if (!h) return h.error();
+    if (buffer_exports.size() >= cached_buffers) {
+      (void)ctx.unexport_buffer(buffer_exports.front().handle);
+      buffer_exports.erase(buffer_exports.begin());
+    }
+    buffer_exports.push_back({data, length, name, *h});
+  }
+  wire::post p{};
+  p.stream_position = stream_read;
+  p.length = length;
+  std::memcpy(p.name, name.data(), std::min(name.size(), wire::name_max));
+  constexpr std::size_t at = offsetof(area_header, open_post);
+  if (status s = ctx.send(peer, at, &p, offsetof(wire::post, id)); !s) return s;
+  if (status s = put(at + offsetof(wire::post, id), ++post_id); !s) return s;
+  post_open = true;
+  post_start = stream_read;
+  posts.fetch_add(1, std::memory_order_relaxed);
+  // A sender asleep waiting for ring space can fill the post instead.
+  ring_if_armed(area->space_armed, last_rung_space);
+  return {};
+}
+
+// Takes the open post back unless the sender already took it up. Returns true
+// when withdrawn; false means a report is coming within the sender's call.
+bool channel::impl::withdraw_post() {
+  if (!put(offsetof(area_header, withdrawn), post_id)) return false;
+  full_fence();
+  auto seen = get(offsetof(area_header, own_post_seen));
+  if (!seen || *seen >= post_id) return false;
+  post_open = false;
+  return true;
+}
+
+result<receive_result> channel::impl::complete_post(std::byte* data, std::size_t length,
+                                                    bool wait_all, clock::time_point deadline) {
+  auto spin_until = clock::now() + spin;
+  const wire::report& r = area->post_report;
+  while (true) {
+    progress();
+    if (load(r.id) == post_id) {
+      std::uint64_t start = load(r.start), placed = load(r.redirected);
+      // Ring bytes before `start` were written before the report; redirected
+      // ones are complete once `produced` covers them.
+      while (load(area->produced) < start + placed) {
+        progress();
+        if (gone()) return errc::peer_gone;
+      }
+      post_open = false;
+      receive_result out;
+      std::uint64_t from_ring = std::min<std::uint64_t>(start, post_start + length) - post_start;
+      out.copied = copy_out(data, static_cast<std::size_t>(from_ring), true);
+      if (placed) {
+        stream_read += placed;
+        out.redirected = static_cast<std::size_t>(placed);
+        bytes_received.fetch_add(placed, std::memory_order_relaxed);
+        bytes_redirected.fetch_add(placed, std::memory_order_relaxed);
+      }
+      return out;
+    }
+    bool ring_has_bytes = load(area->produced) > post_start;
+    bool must_leave = clock::now() >= deadline;
+    if ((ring_has_bytes && !wait_all) || must_leave) {
+      if (withdraw_post()) {
+        receive_result out;
+        out.copied = copy_out(data, length, true);
+        if (out.copied == 0 && must_leave) return errc::timed_out;
+        return out;
+      }
+      continue;  // the report is on its way
+    }
+    if (load(area->fin) != 0 && load(area->fin) - 1 == post_start) {
+      if (withdraw_post()) return receive_result{};
+      continue;
+    }
+    if (status s = wait_a_little(clock::time_point::max(), spin_until, sleep_reason::data); !s)
+      return s.error();
+  }
+}
+
+result<receive_result> channel::impl::receive(std::byte* data, std::size_t length,
+                                              bool wait_all, std::chrono::milliseconds timeout) {
+  auto deadline = timeout == std::chrono::milliseconds::max() ? clock::time_point::max()
+                                                              : clock::now() + timeout;
+  auto spin_until = clock::now() + spin;
+  receive_result total;
+  while (total.total() < length) {
+    std::size_t want = length - total.total();
+    if (readable() > 0) {
+      total.copied += copy_out(data + total.total(), want, true);
+      if (!wait_all) break;
+      continue;
+    }
+    if (at_end()) break;
+    if (total.total() > 0 && !wait_all) break;
+    if (fabric && attached && want >= post_min) {
+      if (status s = post_buffer(data + total.total(), want); !s) return s.error();
+      auto got = complete_post(data + total.total(), want, wait_all, deadline);
+      if (!got) {
+        if (got.is(errc::timed_out) && total.total() > 0) break;
+        return got.error();
+      }
+      total.copied += got->copied;
+      total.redirected += got->redirected;
+      if (got->total() == 0 && at_end()) break;
+      continue;
+    }
+    if (status s = wait_a_little(deadline, spin_until, sleep_reason::data); !s) {
+      if (s.is(errc::timed_out) && total.total() > 0) break;
+      if (s.is(errc::peer_gone) && readable() > 0) continue;
+      return s.error();
+    }
+  }
+  return total;
+}
+
+// ------------------------------------------------------------------ channel
+
+channel::channel(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
+channel::channel(channel&&) noexcept = default;
+channel& channel::operator=(channel&&) noexcept = default;
+channel::~channel() = default;
+
+result<channel> channel::create(core::context& ctx, channel_options options) {
+  auto p = std::make_unique<impl>(ctx, std::move(options));
+  if (status s = p->create_area(); !s) return s.error();
+  return channel(std::move(p));
+}
+
+std::string channel::descriptor() const {
+  return impl_->area_name + "#" + std::to_string(impl_->ring_bytes) + "#" +
+         impl_->ctx.address();
+}
+
+status channel::connect(std::string_view peer_descriptor, std::string_view user_hello) {
+  if (impl_->attached) return errc::already_exists;
+  parsed_descriptor d;
+  if (!parse_descriptor(peer_descriptor, d) || user_hello.size() > wire::user_hello_max)
+    return errc::invalid_argument;
+  if (status s = impl_->attach(d); !s) return s;
+  return impl_->place_hello(user_hello);
+}
+
+result<std::string> channel::accept_peer(std::string_view user_hello) {
+  if (impl_->attached) return errc::already_exists;
+  if (user_hello.size() > wire::user_hello_max) return errc::invalid_argument;
+  auto theirs = impl_->read_hello();
+  if (!theirs) return theirs.error();
+  const wire::hello& h = impl_->area->peer_hello;
+  parsed_descriptor d;
+  if (!parse_descriptor(std::string_view(h.descriptor, h.descriptor_length), d))
+    return errc::protocol_error;
+  if (status s = impl_->attach(d); !s) return s.error();
+  if (status s = impl_->place_hello(user_hello); !s) return s.error();
+  return theirs;
+}
+
+result<std::string> channel::peer_hello() { return impl_->read_hello(); }
+bool channel::connected() const noexcept { return impl_->attached; }
+
+result<std::size_t> channel::write(const void* data, std::size_t length) {
+  return impl_->write(static_cast<const std::byte*>(data), length);
+}
+result<std::size_t> channel::write(const void* data, std::size_t length, bool all,
+                                   std::chrono::milliseconds timeout) {
+  return impl_->write_wait(static_cast<const std::byte*>(data), length, all, timeout);
+}
+status channel::close_write() { return impl_->close_write(); }
+std::size_t channel::readable() { return impl_->readable(); }
+bool channel::at_end() { return impl_->at_end(); }
+std::size_t channel::read(void* data, std::size_t length, bool consume) {
+  impl_->progress();
+  if (impl_->post_open) return 0;
+  return impl_->copy_out(static_cast<std::byte*>(data), length, consume);
+}
+result<receive_result> channel::receive(void* data, std::size_t length, bool wait_all,
+                                        std::chrono::milliseconds timeout) {
+  return impl_->receive(static_cast<std::byte*>(data), length, wait_all, timeout);
+}
+bool channel::poll() { return impl_->poll(); }
+bool channel::prepare_sleep(sleep_reason reason) { return impl_->prepare_sleep(reason); }
+std::size_t channel::writable() { return impl_->writable(); }
+std::uint64_t channel::activity() {
+  const wire::area_header* a = impl_->area;
+  return load(a->produced) + load(a->credit) + load(a->fin) + load(a->peer_hello.state);
+}
+bool channel::peer_gone() { return impl_->gone(); }
+
+channel_counters channel::stats() const {
+  const impl& i = *impl_;
+  return {i.bytes_sent.load(), i.bytes_received.load(), i.bytes_copied.load(),
+          i.bytes_redirected.load(), i.posts.load(), i.doorbells.load()};
+}
+
+std::string channel::path() const { return impl_->attached ? impl_->path_name : std::string(); }
+
+}  // namespace vmmc::redirect
