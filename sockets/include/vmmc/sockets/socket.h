@@ -1,0 +1,100 @@
+// vmmc/sockets/socket.h: BSD stream sockets over VMMC, with Linux semantics.
+//
+// Every function has the signature and the POSIX contract of the libc call of
+// the same name: it returns -1 and sets errno on failure, and the descriptor
+// the caller holds is always a real kernel descriptor. Descriptors that are
+// not TCP sockets (files, pipes, UDP, Unix sockets) are passed straight to the
+// kernel, so a program (or the preload module) may route every call here.
+//
+// How a TCP connection is accelerated (see sockets/README.md for the wire
+// protocol): it starts as an ordinary kernel connection. Each end announces
+// itself with one TCP urgent byte before any data of its own; plain TCP
+// programs never see urgent bytes, so they are not disturbed, and a vmmc end
+// decides from the first byte it receives whether the peer speaks VMMC. When
+// both do, they set up redirect channels in-band and switch each direction
+// over at a byte offset the receiver learns through the channel. Bytes written
+// before the switch travel over TCP; nothing is lost, doubled or reordered.
+// Otherwise the connection simply stays kernel TCP.
+//
+// Readiness: poll/select/epoll on an accelerated descriptor must go through
+// the functions below (the preload module routes them here). A reader that
+// sleeps is woken through its kernel descriptor (the peer sends a doorbell
+// byte over TCP); a reader that finds data pays no system call.
+//
+// Thread safety: as for kernel sockets, one thread may read while another
+// writes the same socket, and accept() may run concurrently with I/O on other
+// sockets. Closing a descriptor while another thread uses it is undefined,
+// as it is for the kernel.
+#pragma once
+
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/select.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace vmmc::sockets {
+
+int socket(int domain, int type, int protocol);
+int bind(int fd, const sockaddr* address, socklen_t length);
+int listen(int fd, int backlog);
+int accept(int fd, sockaddr* address, socklen_t* length);
+int accept4(int fd, sockaddr* address, socklen_t* length, int flags);
+int connect(int fd, const sockaddr* address, socklen_t length);
+
+ssize_t read(int fd, void* buffer, size_t length);
+ssize_t write(int fd, const void* buffer, size_t length);
+ssize_t readv(int fd, const iovec* iov, int count);
+ssize_t writev(int fd, const iovec* iov, int count);
+ssize_t recv(int fd, void* buffer, size_t length, int flags);
+ssize_t send(int fd, const void* buffer, size_t length, int flags);
+ssize_t recvfrom(int fd, void* buffer, size_t length, int flags, sockaddr* address,
+                 socklen_t* address_length);
+ssize_t sendto(int fd, const void* buffer, size_t length, int flags, const sockaddr* address,
+               socklen_t address_length);
+ssize_t recvmsg(int fd, msghdr* message, int flags);
+ssize_t sendmsg(int fd, const msghdr* message, int flags);
+
+int shutdown(int fd, int how);
+int close(int fd);
+
+int getsockopt(int fd, int level, int name, void* value, socklen_t* length);
+int setsockopt(int fd, int level, int name, const void* value, socklen_t length);
+int getsockname(int fd, sockaddr* address, socklen_t* length);
+int getpeername(int fd, sockaddr* address, socklen_t* length);
+// fcntl's third argument as an integer (F_GETFL/F_SETFL/F_GETFD/F_SETFD/
+// F_DUPFD...); commands taking a pointer go to the kernel unchanged.
+int fcntl(int fd, int command, long argument = 0);
+int ioctl(int fd, unsigned long request, void* argument);
+
+int poll(pollfd* fds, nfds_t count, int timeout_ms);
+int ppoll(pollfd* fds, nfds_t count, const timespec* timeout, const sigset_t* mask);
+int select(int nfds, fd_set* readable, fd_set* writable, fd_set* exceptional, timeval* timeout);
+int pselect(int nfds, fd_set* readable, fd_set* writable, fd_set* exceptional,
+            const timespec* timeout, const sigset_t* mask);
+int epoll_create(int size);
+int epoll_create1(int flags);
+int epoll_ctl(int epfd, int op, int fd, epoll_event* event);
+int epoll_wait(int epfd, epoll_event* events, int max_events, int timeout_ms);
+int epoll_pwait(int epfd, epoll_event* events, int max_events, int timeout_ms,
+                const sigset_t* mask);
+
+// What this library knows about one descriptor; nullopt for descriptors it
+// does not manage. For tests, benchmarks and diagnostics.
+struct socket_info {
+  bool accelerated;  // both directions run over VMMC
+  bool plain;        // decided: the peer is a plain TCP program (or set-up failed)
+  std::string path;  // "mapped", "fabric:<provider>", or "tcp"
+  std::uint64_t tcp_bytes_in, tcp_bytes_out;  // application bytes that went over TCP
+  std::uint64_t bytes_in, bytes_out;          // application bytes over VMMC
+  std::uint64_t bytes_copied, bytes_redirected;  // how received VMMC bytes were placed
+  std::uint64_t doorbells_in, doorbells_out;
+};
+std::optional<socket_info> describe(int fd);
+
+}  // namespace vmmc::sockets

@@ -1,0 +1,280 @@
+// The BSD calls: which descriptors we manage, connection set-up, close and
+// shutdown, options, and the read/write family on top of io.cc.
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "sockets.h"
+#include "vmmc/sockets/socket.h"
+
+namespace vmmc::sockets {
+
+using namespace detail;
+
+namespace {
+bool is_tcp(int domain, int type, int protocol) {
+  return (domain == AF_INET || domain == AF_INET6) && (type & 0xf) == SOCK_STREAM &&
+         (protocol == 0 || protocol == IPPROTO_TCP);
+}
+
+std::chrono::milliseconds timeout_of(const void* value, socklen_t length) {
+  if (length < static_cast<socklen_t>(sizeof(timeval))) return std::chrono::milliseconds::max();
+  const auto* tv = static_cast<const timeval*>(value);
+  auto ms = std::chrono::milliseconds(tv->tv_sec * 1000 + (tv->tv_usec + 999) / 1000);
+  return ms.count() <= 0 ? std::chrono::milliseconds::max() : ms;
+}
+
+// Scatter reads fill one buffer after another; only the first may block
+// (unless MSG_WAITALL), as for the kernel.
+ssize_t receive_vector(stream& s, const iovec* iov, int count, int flags) {
+  ssize_t total = 0;
+  for (int i = 0; i < count; ++i) {
+    if (iov[i].iov_len == 0) continue;
+    int f = flags;
+    if (total > 0 && !(flags & MSG_WAITALL)) f |= MSG_DONTWAIT;
+    ssize_t n = receive(s, iov[i].iov_base, iov[i].iov_len, f);
+    if (n < 0) return total > 0 ? total : -1;
+    total += n;
+    if (static_cast<size_t>(n) < iov[i].iov_len || (flags & MSG_PEEK)) break;
+  }
+  return total;
+}
+
+// Gather writes go out as one transfer when small enough to copy cheaply.
+ssize_t transmit_vector(stream& s, const iovec* iov, int count, int flags) {
+  size_t total = 0;
+  for (int i = 0; i < count; ++i) total += iov[i].iov_len;
+  if (total <= 256 * 1024) {
+    thread_local std::vector<char> staging;
+    staging.resize(total);
+    size_t at = 0;
+    for (int i = 0; i < count; ++i) {
+      if (iov[i].iov_len) std::memcpy(staging.data() + at, iov[i].iov_base, iov[i].iov_len);
+      at += iov[i].iov_len;
+    }
+    return transmit(s, staging.data(), total, flags);
+  }
+  ssize_t done = 0;
+  for (int i = 0; i < count; ++i) {
+    if (iov[i].iov_len == 0) continue;
+    ssize_t n = transmit(s, iov[i].iov_base, iov[i].iov_len, flags);
+    if (n < 0) return done > 0 ? done : -1;
+    done += n;
+    if (static_cast<size_t>(n) < iov[i].iov_len) break;
+  }
+  return done;
+}
+
+// A stream whose bytes all go through the kernel needs none of our logic.
+stream_ptr managed(int fd) {
+  stream_ptr s = find(fd);
+  if (s && s->state.load(std::memory_order_relaxed) == phase::plain) return nullptr;
+  return s;
+}
+}  // namespace
+
+int socket(int domain, int type, int protocol) {
+  int fd = ::socket(domain, type, protocol);
+  if (fd >= 0 && enabled() && is_tcp(domain, type, protocol)) {
+    auto s = adopt(fd, false);
+    s->nonblocking.store(type & SOCK_NONBLOCK);
+  }
+  return fd;
+}
+
+int bind(int fd, const sockaddr* address, socklen_t length) { return ::bind(fd, address, length); }
+int listen(int fd, int backlog) { return ::listen(fd, backlog); }
+
+int accept4(int fd, sockaddr* address, socklen_t* length, int flags) {
+  int client = ::accept4(fd, address, length, flags);
+  if (client < 0 || !find(fd)) return client;
+  auto s = adopt(client, false);
+  s->nonblocking.store(flags & SOCK_NONBLOCK);
+  s->state.store(phase::undecided);
+  try_decide(*s, false);
+  return client;
+}
+int accept(int fd, sockaddr* address, socklen_t* length) {
+  return vmmc::sockets::accept4(fd, address, length, 0);
+}
+
+int connect(int fd, const sockaddr* address, socklen_t length) {
+  stream_ptr s = find(fd);
+  int r = ::connect(fd, address, length);
+  if (!s) return r;
+  int saved = errno;
+  s->is_client = true;
+  if (r == 0) {
+    send_offer(*s);
+  } else if (saved == EINPROGRESS || saved == EINTR) {
+    s->state.store(phase::connecting);
+  }
+  errno = saved;
+  return r;
+}
+
+int close(int fd) {
+  if (stream_ptr s = find(fd)) {
+    if (s->state.load() == phase::upgraded && s->out_switched.load() && !s->write_shut.load()) {
+      std::lock_guard lock(s->write_mutex);
+      (void)s->chan->close_write();  // every byte sent so far, then end of stream
+    }
+    s.reset();
+    forget(fd);  // tears the channel down (the peer's later sends fail)
+  }
+  forget_epoll_set(fd);
+  return ::close(fd);
+}
+
+int shutdown(int fd, int how) {
+  stream_ptr s = managed(fd);
+  if (!s || s->state.load() != phase::upgraded) return ::shutdown(fd, how);
+  if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR) {
+    errno = EINVAL;
+    return -1;
+  }
+  if (how != SHUT_WR) s->read_shut.store(true);
+  if (how != SHUT_RD && !s->write_shut.load()) {
+    std::lock_guard lock(s->write_mutex);
+    s->write_shut.store(true);
+    if (s->out_switched.load()) {
+      // The TCP connection stays open: it still carries our doorbells.
+      (void)s->chan->close_write();
+    } else {
+      s->hello_pending.store(false);  // this direction ends on TCP
+      return ::shutdown(fd, SHUT_WR);
+    }
+  }
+  return 0;
+}
+
+int getsockopt(int fd, int level, int name, void* value, socklen_t* length) {
+  return ::getsockopt(fd, level, name, value, length);
+}
+
+int setsockopt(int fd, int level, int name, const void* value, socklen_t length) {
+  int r = ::setsockopt(fd, level, name, value, length);
+  if (r == 0 && level == SOL_SOCKET && (name == SO_RCVTIMEO || name == SO_SNDTIMEO)) {
+    if (stream_ptr s = find(fd)) {
+      (name == SO_RCVTIMEO ? s->receive_timeout : s->send_timeout) = timeout_of(value, length);
+    }
+  }
+  return r;
+}
+
+int getsockname(int fd, sockaddr* address, socklen_t* length) {
+  return ::getsockname(fd, address, length);
+}
+int getpeername(int fd, sockaddr* address, socklen_t* length) {
+  return ::getpeername(fd, address, length);
+}
+
+int fcntl(int fd, int command, long argument) {
+  int r = ::fcntl(fd, command, argument);
+  if (r >= 0 && command == F_SETFL)
+    if (stream_ptr s = find(fd)) s->nonblocking.store(argument & O_NONBLOCK);
+  return r;
+}
+
+int ioctl(int fd, unsigned long request, void* argument) {
+  stream_ptr s = find(fd);
+  if (s && request == FIONBIO && argument) {
+    int r = ::ioctl(fd, request, argument);
+    if (r == 0) s->nonblocking.store(*static_cast<int*>(argument) != 0);
+    return r;
+  }
+  if (s && request == FIONREAD && argument && s->state.load() == phase::upgraded) {
+    int* count = static_cast<int*>(argument);
+    if (s->in_switched.load()) {
+      *count = static_cast<int>(std::min<size_t>(s->chan->readable(), INT32_MAX));
+      return 0;
+    }
+    if (::ioctl(fd, FIONREAD, count) != 0) return -1;
+    if (learn_peer_raw(*s)) {
+      std::uint64_t remaining = *s->peer_raw - s->tcp_in.load();
+      *count = static_cast<int>(std::min<std::uint64_t>(static_cast<std::uint64_t>(*count), remaining));
+      if (remaining == 0 && s->chan) *count = static_cast<int>(s->chan->readable());
+    }
+    return 0;
+  }
+  return ::ioctl(fd, request, argument);
+}
+
+ssize_t read(int fd, void* buffer, size_t length) {
+  stream_ptr s = managed(fd);
+  return s ? receive(*s, buffer, length, 0) : ::read(fd, buffer, length);
+}
+ssize_t write(int fd, const void* buffer, size_t length) {
+  stream_ptr s = managed(fd);
+  return s ? transmit(*s, buffer, length, 0) : ::write(fd, buffer, length);
+}
+ssize_t recv(int fd, void* buffer, size_t length, int flags) {
+  stream_ptr s = managed(fd);
+  return s ? receive(*s, buffer, length, flags) : ::recv(fd, buffer, length, flags);
+}
+ssize_t send(int fd, const void* buffer, size_t length, int flags) {
+  stream_ptr s = managed(fd);
+  return s ? transmit(*s, buffer, length, flags) : ::send(fd, buffer, length, flags);
+}
+ssize_t recvfrom(int fd, void* buffer, size_t length, int flags, sockaddr* address,
+                 socklen_t* address_length) {
+  stream_ptr s = managed(fd);
+  if (!s) return ::recvfrom(fd, buffer, length, flags, address, address_length);
+  if (address_length) *address_length = 0;  // stream sockets report no source
+  return receive(*s, buffer, length, flags);
+}
+ssize_t sendto(int fd, const void* buffer, size_t length, int flags, const sockaddr* address,
+               socklen_t address_length) {
+  stream_ptr s = managed(fd);
+  if (!s) return ::sendto(fd, buffer, length, flags, address, address_length);
+  return transmit(*s, buffer, length, flags);  // connected TCP ignores the address
+}
+ssize_t readv(int fd, const iovec* iov, int count) {
+  stream_ptr s = managed(fd);
+  return s ? receive_vector(*s, iov, count, 0) : ::readv(fd, iov, count);
+}
+ssize_t writev(int fd, const iovec* iov, int count) {
+  stream_ptr s = managed(fd);
+  return s ? transmit_vector(*s, iov, count, 0) : ::writev(fd, iov, count);
+}
+ssize_t recvmsg(int fd, msghdr* message, int flags) {
+  stream_ptr s = managed(fd);
+  if (!s) return ::recvmsg(fd, message, flags);
+  message->msg_namelen = 0;
+  message->msg_controllen = 0;
+  message->msg_flags = 0;
+  return receive_vector(*s, message->msg_iov, static_cast<int>(message->msg_iovlen), flags);
+}
+ssize_t sendmsg(int fd, const msghdr* message, int flags) {
+  stream_ptr s = managed(fd);
+  if (!s || message->msg_controllen) return ::sendmsg(fd, message, flags);
+  return transmit_vector(*s, message->msg_iov, static_cast<int>(message->msg_iovlen), flags);
+}
+
+std::optional<socket_info> describe(int fd) {
+  stream_ptr s = find(fd);
+  if (!s) return std::nullopt;
+  socket_info info{};
+  info.plain = s->state.load() == phase::plain;
+  info.accelerated = s->out_switched.load() && s->in_switched.load();
+  info.path = s->chan && s->chan->connected() ? s->chan->path() : "tcp";
+  info.tcp_bytes_in = s->tcp_in.load();
+  info.tcp_bytes_out = s->tcp_out.load();
+  if (s->chan) {
+    auto c = s->chan->stats();
+    info.bytes_in = c.bytes_received;
+    info.bytes_out = c.bytes_sent;
+    info.bytes_copied = c.bytes_copied;
+    info.bytes_redirected = c.bytes_redirected;
+    info.doorbells_out = c.doorbells_rung;
+  }
+  info.doorbells_in = s->doorbells_in.load();
+  return info;
+}
+
+}  // namespace vmmc::sockets

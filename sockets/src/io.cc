@@ -1,0 +1,271 @@
+// Reading and writing a managed stream: kernel TCP before the switch, the
+// redirect channel after it, and readiness for the poll/epoll wrappers.
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <thread>
+
+#include "sockets.h"
+
+namespace vmmc::sockets::detail {
+
+namespace {
+using clock = std::chrono::steady_clock;
+constexpr ssize_t switched = -2;  // receive_raw: the rest comes from the channel
+
+ssize_t fail(int error) {
+  errno = error;
+  return -1;
+}
+
+// Like the kernel: EPIPE, and SIGPIPE to the calling thread unless asked not to.
+ssize_t broken_pipe(int flags) {
+  if (!(flags & MSG_NOSIGNAL)) ::pthread_kill(::pthread_self(), SIGPIPE);
+  return fail(EPIPE);
+}
+
+int errno_for(const std::error_code& e) {
+  if (e == errc::peer_gone) return ECONNRESET;
+  if (e == errc::timed_out || e == errc::would_block) return EAGAIN;
+  if (e == errc::closed) return EPIPE;
+  if (e == errc::not_connected) return ENOTCONN;
+  return EIO;
+}
+
+bool wants_no_wait(const stream& s, int flags) {
+  return (flags & MSG_DONTWAIT) || s.nonblocking.load(std::memory_order_relaxed);
+}
+
+// The incoming direction before the switch. Bytes past the peer's N are
+// doorbells: they are only ever sent after the N they follow is visible in
+// our area, so reading first and looking for N afterwards splits correctly.
+ssize_t receive_raw(stream& s, char* buffer, size_t length, int flags, bool no_wait) {
+  bool peek = flags & MSG_PEEK;
+  if (learn_peer_raw(s)) {
+    std::uint64_t remaining = *s.peer_raw - s.tcp_in;
+    if (remaining == 0) {
+      s.in_switched.store(true);
+      drain_doorbells(s);
+      advance_upgrade(s);  // reading the channel goes best once we reach the peer too
+      return switched;
+    }
+    length = static_cast<size_t>(std::min<std::uint64_t>(length, remaining));
+  }
+  int kernel_flags = (peek ? MSG_PEEK : 0) | (no_wait ? MSG_DONTWAIT : 0);
+  ssize_t n = ::recv(s.fd, buffer, length, kernel_flags);
+  if (n < 0) return -1;
+  if (learn_peer_raw(s)) {
+    std::uint64_t remaining = *s.peer_raw - s.tcp_in;
+    if (static_cast<std::uint64_t>(n) > remaining) {
+      if (!peek) s.doorbells_in.fetch_add(static_cast<std::uint64_t>(n) - remaining);
+      n = static_cast<ssize_t>(remaining);
+    }
+    if (n == 0 && remaining == 0) {
+      s.in_switched.store(true);
+      drain_doorbells(s);
+      advance_upgrade(s);
+      return switched;
+    }
+  }
+  if (n > 0 && !peek) s.tcp_in += static_cast<std::uint64_t>(n);
+  return n;
+}
+
+// Waits until the channel has bytes, the stream ended or the peer is gone.
+bool wait_readable(stream& s, clock::time_point deadline) {
+  redirect::channel& ch = *s.chan;
+  auto spin_until = clock::now() + std::chrono::microseconds(50);
+  while (ch.readable() == 0 && !ch.at_end()) {
+    auto now = clock::now();
+    if (now >= deadline) return false;
+    if (now < spin_until) continue;
+    if (ch.peer_gone()) return true;
+    if (!ch.prepare_sleep(redirect::sleep_reason::data)) continue;
+    pollfd pfd{s.fd, POLLIN, 0};
+    auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count();
+    ::poll(&pfd, 1, static_cast<int>(std::min<long long>(left, 100)));
+    drain_doorbells(s);
+    spin_until = clock::now() + std::chrono::microseconds(50);
+  }
+  return true;
+}
+
+ssize_t receive_channel(stream& s, char* buffer, size_t length, int flags, bool no_wait) {
+  redirect::channel& ch = *s.chan;
+  bool peek = flags & MSG_PEEK;
+  if (no_wait || peek) {
+    auto deadline = s.receive_timeout == std::chrono::milliseconds::max()
+                        ? clock::time_point::max()
+                        : clock::now() + s.receive_timeout;
+    // Bytes already written by the peer may still be in flight (fabric); wait
+    // them out rather than report EAGAIN and sleep without a doorbell coming.
+    auto in_flight_deadline = clock::now() + std::chrono::milliseconds(100);
+    while (true) {
+      size_t n = ch.read(buffer, length, !peek);
+      if (n > 0) return static_cast<ssize_t>(n);
+      if (ch.at_end()) return 0;
+      if (ch.peer_gone()) return fail(ECONNRESET);
+      if (no_wait) {
+        if (ch.prepare_sleep(redirect::sleep_reason::data)) return fail(EAGAIN);
+        if (clock::now() > in_flight_deadline) return fail(EAGAIN);
+        continue;
+      }
+      if (!wait_readable(s, deadline)) return fail(EAGAIN);
+    }
+  }
+  auto got = ch.receive(buffer, length, flags & MSG_WAITALL, s.receive_timeout);
+  if (!got) return fail(errno_for(got.error()));
+  return static_cast<ssize_t>(got->total());
+}
+}  // namespace
+
+ssize_t receive(stream& s, void* buffer, size_t length, int flags) {
+  if (int e = s.pending_error.exchange(0)) return fail(e);
+  if (s.read_shut.load()) return 0;
+  phase p = s.state.load();
+  if (p == phase::connecting && check_connected(s)) p = s.state.load();
+  if (p == phase::undecided) {
+    // Never read the kernel while undecided: a server's accept byte is
+    // skipped by recv, and its hello would be taken for data. Wait for the
+    // peer's first byte instead, which decides.
+    auto deadline = s.receive_timeout == std::chrono::milliseconds::max()
+                        ? clock::time_point::max()
+                        : clock::now() + s.receive_timeout;
+    while (true) {
+      try_decide(s, false);
+      p = s.state.load();
+      if (p != phase::undecided) break;
+      if (wants_no_wait(s, flags)) return fail(EAGAIN);
+      auto now = clock::now();
+      if (now >= deadline) return fail(EAGAIN);
+      auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count();
+      pollfd pfd{s.fd, POLLIN | POLLPRI, 0};
+      ::poll(&pfd, 1, static_cast<int>(std::min<long long>(left, 1000)));
+    }
+  }
+  if (p != phase::upgraded) return ::recv(s.fd, buffer, length, flags);
+
+  std::lock_guard lock(s.read_mutex);
+  advance_upgrade(s);
+  char* out = static_cast<char*>(buffer);
+  size_t done = 0;
+  bool no_wait = wants_no_wait(s, flags);
+  bool wait_all = (flags & MSG_WAITALL) && !(flags & MSG_PEEK);
+  while (done < length) {
+    ssize_t n;
+    bool later = done > 0;  // after the first bytes, never block for more unless WAITALL
+    if (!s.in_switched.load()) {
+      n = receive_raw(s, out + done, length - done, flags, no_wait || (later && !wait_all));
+      if (n == switched) continue;
+    } else {
+      n = receive_channel(s, out + done, length - done, flags, no_wait || (later && !wait_all));
+    }
+    if (n < 0) {
+      if (later && (errno == EAGAIN || errno == EINTR)) break;
+      if (later) break;
+      return -1;
+    }
+    if (n == 0) break;
+    done += static_cast<size_t>(n);
+    if (!wait_all || (flags & MSG_PEEK)) break;
+  }
+  return static_cast<ssize_t>(done);
+}
+
+ssize_t transmit(stream& s, const void* buffer, size_t length, int flags) {
+  if (int e = s.pending_error.exchange(0)) return fail(e);
+  if (s.write_shut.load()) return broken_pipe(flags);
+  phase p = s.state.load();
+  if (p == phase::connecting && check_connected(s)) p = s.state.load();
+  if (p == phase::undecided && !s.is_client) {
+    try_decide(s, true);  // a server writing first: the client's offer decides
+    p = s.state.load();
+  }
+  if (p == phase::plain || p == phase::idle || p == phase::connecting)
+    return ::send(s.fd, buffer, length, flags);
+
+  std::lock_guard lock(s.write_mutex);
+  if (peer_ready(s)) place_hello_locked(s);
+  if (!s.out_switched.load()) {
+    ssize_t n = ::send(s.fd, buffer, length, flags);
+    if (n > 0) s.tcp_out += static_cast<std::uint64_t>(n);
+    // A hello that became due while we wrote goes now, with the final count.
+    if (peer_ready(s)) place_hello_locked(s);
+    return n;
+  }
+
+  redirect::channel& ch = *s.chan;
+  if (wants_no_wait(s, flags)) {
+    for (int attempt = 0; attempt < 64; ++attempt) {
+      auto n = ch.write(buffer, length);
+      if (n) return static_cast<ssize_t>(*n);
+      if (!n.is(errc::would_block)) {
+        return n.is(errc::peer_gone) || n.is(errc::closed) ? broken_pipe(flags)
+                                                           : fail(errno_for(n.error()));
+      }
+      if (ch.prepare_sleep(redirect::sleep_reason::space)) break;
+    }
+    return fail(EAGAIN);
+  }
+  auto n = ch.write(buffer, length, true, s.send_timeout);
+  if (!n) {
+    if (n.is(errc::peer_gone) || n.is(errc::closed)) return broken_pipe(flags);
+    return fail(errno_for(n.error()));
+  }
+  return static_cast<ssize_t>(*n);
+}
+
+short ready_events(stream& s, short wanted, short kernel_events) {
+  phase p = s.state.load();
+  if (p == phase::connecting) {
+    check_connected(s);
+    return kernel_events;
+  }
+  if (p == phase::undecided) {
+    try_decide(s, false);
+    p = s.state.load();
+  }
+  if (p != phase::upgraded || !s.chan) return kernel_events;
+  advance_upgrade(s);
+  short out = kernel_events & ~(POLLIN | POLLRDNORM | POLLOUT | POLLWRNORM);
+  redirect::channel& ch = *s.chan;
+  if (!s.in_switched.load() && learn_peer_raw(s) && s.tcp_in == *s.peer_raw) {
+    std::unique_lock lock(s.read_mutex, std::try_to_lock);
+    if (lock && !s.in_switched.load()) s.in_switched.store(true);
+  }
+  if (wanted & (POLLIN | POLLRDNORM)) {
+    if (!s.in_switched.load()) {
+      out |= kernel_events & (POLLIN | POLLRDNORM);
+    } else {
+      if (kernel_events & (POLLIN | POLLRDNORM)) drain_doorbells(s);
+      if (ch.readable() > 0 || ch.at_end() || s.tcp_eof.load() || s.read_shut.load())
+        out |= wanted & (POLLIN | POLLRDNORM);
+    }
+  }
+  if (wanted & (POLLOUT | POLLWRNORM)) {
+    if (!s.out_switched.load()) {
+      out |= kernel_events & (POLLOUT | POLLWRNORM);
+    } else if (ch.writable() > 0 || s.write_shut.load() || s.tcp_eof.load()) {
+      out |= wanted & (POLLOUT | POLLWRNORM);
+    }
+  }
+  return out;
+}
+
+bool prepare_sleep(stream& s, short wanted) {
+  if (s.state.load() != phase::upgraded || !s.chan) return true;
+  redirect::channel& ch = *s.chan;
+  if ((wanted & (POLLIN | POLLRDNORM)) && s.in_switched.load() &&
+      !ch.prepare_sleep(redirect::sleep_reason::data))
+    return false;
+  if ((wanted & (POLLOUT | POLLWRNORM)) && s.out_switched.load() &&
+      !ch.prepare_sleep(redirect::sleep_reason::space))
+    return false;
+  return true;
+}
+
+}  // namespace vmmc::sockets::detail

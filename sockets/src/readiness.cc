@@ -1,0 +1,416 @@
+// poll, select and epoll over a mix of kernel descriptors and streams whose
+// data arrives through a channel. For those streams the kernel descriptor
+// still wakes a sleeper (doorbell bytes, end of file), while readiness itself
+// is the channel's. Waits busy-poll channels briefly, then arm the doorbells
+// and sleep in the kernel.
+#include <signal.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <mutex>
+#include <shared_mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "sockets.h"
+#include "vmmc/sockets/socket.h"
+
+namespace vmmc::sockets {
+
+using namespace detail;
+
+namespace {
+using clock = std::chrono::steady_clock;
+
+// Streams whose readiness is not simply the kernel's.
+bool needs_us(const stream_ptr& s) {
+  phase p = s->state.load(std::memory_order_relaxed);
+  return p == phase::connecting || p == phase::undecided || p == phase::upgraded;
+}
+
+std::chrono::microseconds spin_time() {
+  static const auto t = std::chrono::microseconds(core::setting_integer(core::settings::spin_us));
+  return t;
+}
+
+clock::time_point deadline_after(int timeout_ms) {
+  return timeout_ms < 0 ? clock::time_point::max()
+                        : clock::now() + std::chrono::milliseconds(timeout_ms);
+}
+
+int milliseconds_until(clock::time_point deadline) {
+  if (deadline == clock::time_point::max()) return -1;
+  auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - clock::now()).count();
+  return static_cast<int>(std::clamp<long long>(left, 0, 1 << 30));
+}
+
+// What to ask the kernel for a stream of ours: its doorbells and end of file
+// always, the rest only where the kernel still decides.
+short kernel_interest(stream& s, short wanted) {
+  short events = POLLIN;
+  phase p = s.state.load();
+  if (p != phase::upgraded) return static_cast<short>(wanted | POLLIN | POLLPRI);
+  if (!s.out_switched.load()) events |= wanted & (POLLOUT | POLLWRNORM);
+  return events;
+}
+
+short reportable(short events, short wanted) {
+  return events & (wanted | POLLERR | POLLHUP | POLLNVAL);
+}
+
+struct poll_state {
+  std::vector<std::pair<nfds_t, stream_ptr>> ours;
+  std::vector<short> wanted;
+};
+
+// After a kernel poll: our streams' revents from their channels.
+int finish_poll(pollfd* fds, nfds_t count, poll_state& st) {
+  for (std::size_t k = 0; k < st.ours.size(); ++k) {
+    pollfd& p = fds[st.ours[k].first];
+    p.events = st.wanted[k];
+    p.revents = reportable(ready_events(*st.ours[k].second, p.events, p.revents), p.events);
+  }
+  int ready = 0;
+  for (nfds_t i = 0; i < count; ++i) ready += fds[i].revents != 0;
+  return ready;
+}
+
+bool any_channel_ready(poll_state& st) {
+  for (std::size_t k = 0; k < st.ours.size(); ++k)
+    if (reportable(ready_events(*st.ours[k].second, st.wanted[k], 0), st.wanted[k])) return true;
+  return false;
+}
+}  // namespace
+
+int poll(pollfd* fds, nfds_t count, int timeout_ms) {
+  thread_local poll_state st;
+  st.ours.clear();
+  st.wanted.clear();
+  for (nfds_t i = 0; i < count; ++i) {
+    if (fds[i].fd < 0) continue;
+    stream_ptr s = find(fds[i].fd);
+    if (s && needs_us(s)) {
+      st.ours.emplace_back(i, std::move(s));
+      st.wanted.push_back(fds[i].events);
+    }
+  }
+  if (st.ours.empty()) return ::poll(fds, count, timeout_ms);
+
+  auto deadline = deadline_after(timeout_ms);
+  auto spin_until = clock::now() + spin_time();
+  bool sleeping = false;
+  while (true) {
+    for (std::size_t k = 0; k < st.ours.size(); ++k)
+      fds[st.ours[k].first].events = kernel_interest(*st.ours[k].second, st.wanted[k]);
+    int r = ::poll(fds, count, sleeping ? milliseconds_until(deadline) : 0);
+    if (r < 0) {
+      int saved = errno;
+      for (std::size_t k = 0; k < st.ours.size(); ++k) fds[st.ours[k].first].events = st.wanted[k];
+      errno = saved;
+      return -1;
+    }
+    int ready = finish_poll(fds, count, st);
+    if (ready > 0 || timeout_ms == 0 || clock::now() >= deadline) return ready;
+    // Busy-poll the channels (no system call), then arm and sleep.
+    sleeping = false;
+    while (clock::now() < spin_until && !any_channel_ready(st)) {
+    }
+    if (any_channel_ready(st)) continue;
+    bool armed = true;
+    for (std::size_t k = 0; k < st.ours.size() && armed; ++k)
+      armed = prepare_sleep(*st.ours[k].second, st.wanted[k]);
+    sleeping = armed;
+    spin_until = clock::now() + spin_time();
+  }
+}
+
+int ppoll(pollfd* fds, nfds_t count, const timespec* timeout, const sigset_t* mask) {
+  bool ours = false;
+  for (nfds_t i = 0; i < count && !ours; ++i)
+    if (stream_ptr s = fds[i].fd >= 0 ? find(fds[i].fd) : nullptr) ours = needs_us(s);
+  if (!ours) return ::ppoll(fds, count, timeout, mask);
+  int ms = timeout ? static_cast<int>(timeout->tv_sec * 1000 + (timeout->tv_nsec + 999999) / 1000000)
+                   : -1;
+  // Not atomic with respect to the mask, unlike the kernel's ppoll.
+  sigset_t saved;
+  if (mask) ::pthread_sigmask(SIG_SETMASK, mask, &saved);
+  int r = vmmc::sockets::poll(fds, count, ms);
+  int e = errno;
+  if (mask) ::pthread_sigmask(SIG_SETMASK, &saved, nullptr);
+  errno = e;
+  return r;
+}
+
+namespace {
+int select_through_poll(int nfds, fd_set* readable, fd_set* writable, fd_set* exceptional,
+                        int timeout_ms, const sigset_t* mask) {
+  thread_local std::vector<pollfd> fds;
+  fds.clear();
+  for (int fd = 0; fd < nfds; ++fd) {
+    short events = 0;
+    if (readable && FD_ISSET(fd, readable)) events |= POLLIN;
+    if (writable && FD_ISSET(fd, writable)) events |= POLLOUT;
+    if (exceptional && FD_ISSET(fd, exceptional)) events |= POLLPRI;
+    if (events) fds.push_back({fd, events, 0});
+  }
+  sigset_t saved;
+  if (mask) ::pthread_sigmask(SIG_SETMASK, mask, &saved);
+  int r = vmmc::sockets::poll(fds.data(), fds.size(), timeout_ms);
+  int e = errno;
+  if (mask) ::pthread_sigmask(SIG_SETMASK, &saved, nullptr);
+  if (r < 0) {
+    errno = e;
+    return -1;
+  }
+  int bits = 0;
+  for (const pollfd& p : fds) {
+    if (p.revents & POLLNVAL) {
+      errno = EBADF;
+      return -1;
+    }
+  }
+  if (readable) FD_ZERO(readable);
+  if (writable) FD_ZERO(writable);
+  if (exceptional) FD_ZERO(exceptional);
+  for (const pollfd& p : fds) {
+    if ((p.events & POLLIN) && (p.revents & (POLLIN | POLLHUP | POLLERR))) {
+      FD_SET(p.fd, readable);
+      ++bits;
+    }
+    if ((p.events & POLLOUT) && (p.revents & (POLLOUT | POLLERR))) {
+      FD_SET(p.fd, writable);
+      ++bits;
+    }
+    if ((p.events & POLLPRI) && (p.revents & POLLPRI)) {
+      FD_SET(p.fd, exceptional);
+      ++bits;
+    }
+  }
+  return bits;
+}
+
+bool any_of_ours(int nfds, fd_set* a, fd_set* b, fd_set* c) {
+  for (int fd = 0; fd < nfds; ++fd)
+    if ((a && FD_ISSET(fd, a)) || (b && FD_ISSET(fd, b)) || (c && FD_ISSET(fd, c)))
+      if (stream_ptr s = find(fd); s && needs_us(s)) return true;
+  return false;
+}
+}  // namespace
+
+int select(int nfds, fd_set* readable, fd_set* writable, fd_set* exceptional, timeval* timeout) {
+  if (!any_of_ours(nfds, readable, writable, exceptional))
+    return ::select(nfds, readable, writable, exceptional, timeout);
+  int ms = timeout ? static_cast<int>(timeout->tv_sec * 1000 + (timeout->tv_usec + 999) / 1000) : -1;
+  return select_through_poll(nfds, readable, writable, exceptional, ms, nullptr);
+}
+
+int pselect(int nfds, fd_set* readable, fd_set* writable, fd_set* exceptional,
+            const timespec* timeout, const sigset_t* mask) {
+  if (!any_of_ours(nfds, readable, writable, exceptional))
+    return ::pselect(nfds, readable, writable, exceptional, timeout, mask);
+  int ms = timeout ? static_cast<int>(timeout->tv_sec * 1000 + (timeout->tv_nsec + 999999) / 1000000)
+                   : -1;
+  return select_through_poll(nfds, readable, writable, exceptional, ms, mask);
+}
+
+// ------------------------------------------------------------------ epoll
+//
+// Every descriptor added through epoll_ctl is registered in the kernel with
+// its own number as data, and the caller's event (events + data) is kept
+// here; events are translated back on the way out. Streams of ours are
+// registered for EPOLLIN (doorbells) and lose EPOLLOUT in the kernel once
+// their writes go through the channel, whose space we check ourselves.
+namespace {
+struct interest {
+  epoll_event user{};
+  std::uint32_t kernel_events = 0;
+  std::uint64_t reported_activity = ~std::uint64_t{0};
+  bool disabled = false;  // EPOLLONESHOT fired
+};
+
+struct epoll_set {
+  std::mutex mutex;
+  std::unordered_map<int, interest> members;
+};
+
+struct epoll_registry {
+  std::shared_mutex mutex;
+  std::unordered_map<int, std::shared_ptr<epoll_set>> sets;
+};
+epoll_registry& registry() {
+  static epoll_registry r;
+  return r;
+}
+
+std::shared_ptr<epoll_set> find_set(int epfd) {
+  auto& r = registry();
+  std::shared_lock lock(r.mutex);
+  auto it = r.sets.find(epfd);
+  return it == r.sets.end() ? nullptr : it->second;
+}
+
+int track_set(int epfd) {
+  if (epfd < 0) return epfd;
+  auto& r = registry();
+  std::unique_lock lock(r.mutex);
+  r.sets[epfd] = std::make_shared<epoll_set>();
+  return epfd;
+}
+
+std::uint32_t kernel_events_for(stream* s, std::uint32_t user_events) {
+  if (!s) return user_events;
+  std::uint32_t e = (user_events & ~EPOLLONESHOT) | EPOLLIN;
+  if (s->state.load() == phase::upgraded && s->out_switched.load()) e &= ~EPOLLOUT;
+  return e;
+}
+
+// One round: our streams' channel readiness plus whatever the kernel said.
+int collect(int epfd, epoll_set& set, epoll_event* events, int max_events, int timeout_ms) {
+  thread_local std::vector<epoll_event> kernel;
+  kernel.resize(static_cast<std::size_t>(std::max(max_events, 64)));
+  int got = ::epoll_wait(epfd, kernel.data(), static_cast<int>(kernel.size()), timeout_ms);
+  if (got < 0) return -1;
+
+  thread_local std::unordered_map<int, std::uint32_t> from_kernel;
+  from_kernel.clear();
+  for (int i = 0; i < got; ++i) from_kernel[static_cast<int>(kernel[i].data.u64)] |= kernel[i].events;
+
+  std::lock_guard lock(set.mutex);
+  int n = 0;
+  auto emit = [&](interest& in, std::uint32_t ev) {
+    if (n >= max_events || ev == 0) return;
+    events[n].events = ev;
+    events[n].data = in.user.data;
+    ++n;
+    if (in.user.events & EPOLLONESHOT) in.disabled = true;
+  };
+  for (auto& [fd, in] : set.members) {
+    if (n >= max_events) break;
+    auto k = from_kernel.find(fd);
+    std::uint32_t kev = k == from_kernel.end() ? 0 : k->second;
+    if (in.disabled) continue;
+    stream_ptr s = find(fd);
+    if (!s || !needs_us(s)) {
+      emit(in, kev & (in.user.events | EPOLLERR | EPOLLHUP));
+      continue;
+    }
+    std::uint32_t wanted = in.user.events;
+    auto ev = static_cast<std::uint32_t>(static_cast<std::uint16_t>(
+        ready_events(*s, static_cast<short>(wanted & 0xffff), static_cast<short>(kev & 0xffff))));
+    ev &= wanted | EPOLLERR | EPOLLHUP;
+    if (s->state.load() == phase::upgraded && s->out_switched.load() &&
+        (in.kernel_events & EPOLLOUT)) {
+      // Kernel TCP is always writable; our space is the channel's.
+      epoll_event mod{kernel_events_for(s.get(), wanted), {}};
+      mod.data.u64 = static_cast<std::uint64_t>(fd);
+      if (::epoll_ctl(epfd, EPOLL_CTL_MOD, fd, &mod) == 0) in.kernel_events = mod.events;
+    }
+    if (ev == 0) continue;
+    if (wanted & EPOLLET) {
+      // Edge-triggered: report a stream again only when something new came.
+      std::uint64_t activity = s->chan ? s->chan->activity() + s->doorbells_in.load() : 0;
+      if (kev == 0 && activity == in.reported_activity) continue;
+      in.reported_activity = activity;
+    }
+    emit(in, ev);
+  }
+  return n;
+}
+
+bool any_stream_ready(epoll_set& set) {
+  std::lock_guard lock(set.mutex);
+  for (auto& [fd, in] : set.members) {
+    if (in.disabled) continue;
+    stream_ptr s = find(fd);
+    if (!s || s->state.load() != phase::upgraded) continue;
+    auto wanted = static_cast<short>(in.user.events & 0xffff);
+    if (ready_events(*s, wanted, 0) & wanted) {
+      if (!(in.user.events & EPOLLET)) return true;
+      std::uint64_t activity = s->chan ? s->chan->activity() + s->doorbells_in.load() : 0;
+      if (activity != in.reported_activity) return true;
+    }
+  }
+  return false;
+}
+
+bool arm_streams(epoll_set& set) {
+  std::lock_guard lock(set.mutex);
+  for (auto& [fd, in] : set.members) {
+    if (in.disabled) continue;
+    stream_ptr s = find(fd);
+    if (s && !prepare_sleep(*s, static_cast<short>(in.user.events & 0xffff))) return false;
+  }
+  return true;
+}
+}  // namespace
+
+void detail::forget_epoll_set(int fd) {
+  auto& r = registry();
+  {
+    std::shared_lock lock(r.mutex);
+    if (r.sets.empty()) return;
+  }
+  std::unique_lock lock(r.mutex);
+  r.sets.erase(fd);
+}
+
+int epoll_create(int size) { return track_set(::epoll_create(size)); }
+int epoll_create1(int flags) { return track_set(::epoll_create1(flags)); }
+
+int epoll_ctl(int epfd, int op, int fd, epoll_event* event) {
+  auto set = find_set(epfd);
+  if (!set) return ::epoll_ctl(epfd, op, fd, event);
+  stream_ptr s = find(fd);
+  std::lock_guard lock(set->mutex);
+  if (op == EPOLL_CTL_DEL) {
+    int r = ::epoll_ctl(epfd, op, fd, event);
+    if (r == 0) set->members.erase(fd);
+    return r;
+  }
+  if (!event) {
+    errno = EFAULT;
+    return -1;
+  }
+  epoll_event k{kernel_events_for(s.get(), event->events), {}};
+  k.data.u64 = static_cast<std::uint64_t>(fd);
+  int r = ::epoll_ctl(epfd, op, fd, &k);
+  if (r == 0) {
+    interest& in = set->members[fd];
+    in = interest{};
+    in.user = *event;
+    in.kernel_events = k.events;
+  }
+  return r;
+}
+
+int epoll_wait(int epfd, epoll_event* events, int max_events, int timeout_ms) {
+  auto set = find_set(epfd);
+  if (!set || max_events <= 0) return ::epoll_wait(epfd, events, max_events, timeout_ms);
+  auto deadline = deadline_after(timeout_ms);
+  auto spin_until = clock::now() + spin_time();
+  bool sleeping = false;
+  while (true) {
+    int n = collect(epfd, *set, events, max_events, sleeping ? milliseconds_until(deadline) : 0);
+    if (n != 0 || timeout_ms == 0 || clock::now() >= deadline) return n;
+    sleeping = false;
+    while (clock::now() < spin_until && !any_stream_ready(*set)) {
+    }
+    if (any_stream_ready(*set)) continue;
+    sleeping = arm_streams(*set);
+    spin_until = clock::now() + spin_time();
+  }
+}
+
+int epoll_pwait(int epfd, epoll_event* events, int max_events, int timeout_ms,
+                const sigset_t* mask) {
+  if (!find_set(epfd)) return ::epoll_pwait(epfd, events, max_events, timeout_ms, mask);
+  sigset_t saved;
+  if (mask) ::pthread_sigmask(SIG_SETMASK, mask, &saved);
+  int r = vmmc::sockets::epoll_wait(epfd, events, max_events, timeout_ms);
+  int e = errno;
+  if (mask) ::pthread_sigmask(SIG_SETMASK, &saved, nullptr);
+  errno = e;
+  return r;
+}
+
+}  // namespace vmmc::sockets

@@ -1,0 +1,42 @@
+// sockets/src/wire.h: the in-band upgrade protocol on a TCP connection (v1).
+//
+//   client -> server TCP: [offer]  raw bytes (N_c) ... doorbells
+//   server -> client TCP: [accept] hello_frame  raw bytes (N_s) ... doorbells
+//
+// [offer] and [accept] are single TCP *urgent* bytes (MSG_OOB), each the very
+// first byte its sender puts on the connection. A plain TCP program never
+// reads urgent bytes (unless it set SO_OOBINLINE), so the offer is invisible
+// to a plain server and the accept is never sent to a plain client. A vmmc
+// end decides from the first byte it receives: urgent offer/accept means the
+// peer speaks vmmc, an ordinary byte means it does not (for good).
+//
+// The server answers an offer with [accept] and a hello_frame naming its
+// redirect channel. The client connects its channel to it; the channel hello
+// (redirect::channel user payload) carries N_c, the number of raw bytes the
+// client wrote before switching. The server does the same with N_s once it
+// has the client's channel hello. Each reader drains exactly N raw bytes from
+// TCP, then reads the channel; later TCP bytes are doorbells (one byte each)
+// that wake a sleeping reader. A writer rings after placing its channel hello,
+// so a reader asleep on TCP learns of the switch.
+#pragma once
+
+#include <cstdint>
+
+namespace vmmc::sockets::wire {
+
+inline constexpr unsigned char offer_byte = 0xD6;   // urgent, client -> server
+inline constexpr unsigned char accept_byte = 0xD7;  // urgent, server -> client
+inline constexpr unsigned char doorbell_byte = 0xDB;
+
+inline constexpr std::uint32_t hello_magic = 0x53484d56;  // "VMHS" little-endian
+inline constexpr std::uint16_t version = 1;
+
+// Follows [accept]; then `length` bytes of the server's channel descriptor.
+struct hello_frame {
+  std::uint32_t magic;
+  std::uint16_t version;
+  std::uint16_t length;
+};
+static_assert(sizeof(hello_frame) == 8);
+
+}  // namespace vmmc::sockets::wire
