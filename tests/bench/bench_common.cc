@@ -80,7 +80,7 @@ bool parse_options(int argc, char** argv, options& out, std::string& error) {
 
 void print_usage(std::ostream& os, std::string_view argv0) {
   os << "usage: " << argv0 << " <benchmark> [--quick] [--json PATH] [--provider shm|tcp|all]\n"
-     << "  benchmark   core\n"
+     << "  benchmark   core, sockets\n"
      << "  --quick     short sweep, whole run under 30 s\n"
      << "  --json PATH also write the results as JSON to PATH\n"
      << "  --provider  libfabric provider(s) to measure: shm (default), tcp (tcp;ofi_rxm), all\n";
@@ -102,12 +102,14 @@ std::string_view metric_name(metric m) {
       return "bandwidth_GBps";
     case metric::overhead_us:
       return "overhead_us";
+    case metric::rate_per_s:
+      return "rate_per_s";
   }
   return "?";
 }
 
 bool higher_is_better(metric m) {
-  return m == metric::bandwidth_GBps;
+  return m == metric::bandwidth_GBps || m == metric::rate_per_s;
 }
 
 void add_rows(std::vector<result_row>& rows, const std::string& case_name, metric what,
@@ -152,7 +154,7 @@ std::string format_gain(double g) {
 void print_table(std::ostream& os, const std::string& benchmark,
                  const std::vector<result_row>& rows) {
   os << "vmmc-bench " << benchmark << ": gain columns are > 1 when ours is better"
-     << " (latency/overhead: ref/ours, bandwidth: ours/ref); '-' = not measured\n";
+     << " (latency/overhead: ref/ours, bandwidth/rate: ours/ref); '-' = not measured\n";
   std::size_t begin = 0;
   while (begin < rows.size()) {
     const result_row& first = rows[begin];

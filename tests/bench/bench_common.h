@@ -48,10 +48,10 @@ std::string fabric_provider_name(const std::string& short_name);
 
 // ---------------------------------------------------------------- results
 
-enum class metric { latency_us, bandwidth_GBps, overhead_us };
+enum class metric { latency_us, bandwidth_GBps, overhead_us, rate_per_s };
 
 std::string_view metric_name(metric m);
-// Bandwidth: higher is better. Latency and overhead: lower is better.
+// Bandwidth and rate: higher is better. Latency and overhead: lower is better.
 bool higher_is_better(metric m);
 
 inline constexpr double not_measured = std::numeric_limits<double>::quiet_NaN();

@@ -15,6 +15,7 @@
 
 #include "bench_common.h"
 #include "bench_core.h"
+#include "bench_sockets.h"
 
 namespace {
 
@@ -29,6 +30,7 @@ struct benchmark {
 const std::vector<benchmark>& benchmarks() {
   static const std::vector<benchmark> all = {
       {"core", vmmc::bench::run_core_benchmark},
+      {"sockets", vmmc::bench::run_sockets_benchmark},
   };
   return all;
 }
