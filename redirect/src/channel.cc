@@ -124,6 +124,13 @@ class channel::impl {
     if (status s = ctx.fetch(peer, offset, &v, sizeof v); !s) return s.error();
     return v;
   }
+  // Our earlier writes are in the peer's memory once this returns: on the
+  // fabric path a fetch is ordered behind them (read-after-write ordering).
+  status flush() {
+    if (!fabric) return {};
+    auto v = get(offsetof(area_header, own_sent));
+    return v ? status{} : status(v.error());
+  }
   void progress() {
     if (fabric) ctx.progress();
   }
@@ -256,9 +263,7 @@ status channel::impl::place_hello(std::string_view user_hello) {
       !s)
     return s;
   if (status s = put(at, 1); !s) return s;
-  // Visible before we return: a fetch is ordered behind our writes.
-  if (fabric) return get(offsetof(area_header, own_sent)).has_value() ? status{} : errc::peer_gone;
-  return {};
+  return flush();  // visible before we return
 }
 
 result<std::string> channel::impl::read_hello() const {
@@ -408,6 +413,9 @@ status channel::impl::close_write() {
   (void)redirect_into_post(nullptr, 0, error);
   write_closed = true;
   if (error) error = put(offsetof(area_header, fin), stream_sent + 1);
+  // On the fabric path the end must be in the peer's memory before anything
+  // else tells it we are done (our TCP close, our area going away).
+  if (error) error = flush();
   full_fence();
   ring_if_armed(area->data_armed, last_rung_data);
   return error;
