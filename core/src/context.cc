@@ -173,6 +173,8 @@ result<import_info> context::describe(import_handle h) const {
   auto imp = impl_->find_import(h);
   if (!imp) return errc::unknown_handle;
   if (!imp->peer->alive.load(std::memory_order_acquire)) return errc::peer_gone;
+  std::shared_lock state(imp->state_mutex);
+  if (imp->revoked) return errc::unknown_handle;
   return import_info{imp->length, imp->allowed};
 }
 

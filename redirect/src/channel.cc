@@ -107,10 +107,11 @@ class channel::impl {
   result<receive_result> complete_post(std::byte* data, std::size_t length, bool wait_all,
                                        clock::time_point deadline);
   status post_buffer(std::byte* data, std::size_t length);
-  bool withdraw_post();
+  result<bool> withdraw_post();
   status wait_a_little(clock::time_point deadline, clock::time_point& spin_until,
                        sleep_reason reason);
   bool poll();
+  std::uint64_t activity() const;
   bool prepare_sleep(sleep_reason reason);
   std::size_t writable();
   bool at_end();
@@ -171,6 +172,7 @@ class channel::impl {
   std::uint64_t stream_read = 0, ring_read = 0, credited = 0;
   std::uint64_t data_epoch = 0, last_rung_space = 0, post_id = 0, post_start = 0;
   bool post_open = false;
+  std::uint64_t polled_activity = 0;
   struct buffer_export {
     const std::byte* base;
     std::size_t length;
@@ -318,11 +320,15 @@ std::size_t channel::impl::redirect_into_post(const std::byte* data, std::size_t
     }
     if (target.id != 0) {
       store(area->own_sent, stream_sent + n);
-      if (status s = ctx.send(target, offset, data, n); s) {
+      status s = ctx.send(target, offset, data, n);
+      if (s) {
         placed = n;
-      } else if (!s.is(errc::unknown_handle) && !s.is(errc::out_of_range)) {
-        error = s;  // the peer is gone: nothing more to report
-        return 0;
+      } else {
+        store(area->own_sent, stream_sent);  // nothing went: the sleep check must agree
+        if (!s.is(errc::unknown_handle) && !s.is(errc::out_of_range)) {
+          error = s;  // the peer is gone: nothing more to report
+          return 0;
+        }
       }
     }
   }
@@ -350,22 +356,25 @@ result<std::size_t> channel::impl::write(const std::byte* data, std::size_t leng
     std::uint64_t granted = load(area->credit);
     if (granted > credit) credit = granted;
     std::size_t space = static_cast<std::size_t>(peer_ring_bytes - (ring_written - credit));
+    // Published a slice at a time, so the receiver copies out while we copy in.
+    std::size_t slice = std::max<std::size_t>(peer_ring_bytes / 8, 16 * 1024);
     std::size_t n = std::min(length - done, space);
-    if (n > 0) {
-      store(area->own_sent, stream_sent + n);
+    for (std::size_t end = done + n; done < end;) {
+      std::size_t piece = std::min(end - done, slice);
+      store(area->own_sent, stream_sent + piece);
       std::size_t at = static_cast<std::size_t>(ring_written & (peer_ring_bytes - 1));
-      std::size_t first = std::min<std::size_t>(n, peer_ring_bytes - at);
+      std::size_t first = std::min<std::size_t>(piece, peer_ring_bytes - at);
       if (status s = ctx.send(peer, peer_ring_offset + at, data + done, first); !s)
         return s.error();
-      if (first < n) {
-        if (status s = ctx.send(peer, peer_ring_offset, data + done + first, n - first); !s)
+      if (first < piece) {
+        if (status s = ctx.send(peer, peer_ring_offset, data + done + first, piece - first); !s)
           return s.error();
       }
-      ring_written += n;
-      stream_sent += n;
-      done += n;
+      ring_written += piece;
+      stream_sent += piece;
+      done += piece;
       if (status s = put(offsetof(area_header, produced), stream_sent); !s) return s.error();
-      bytes_sent.fetch_add(n, std::memory_order_relaxed);
+      bytes_sent.fetch_add(piece, std::memory_order_relaxed);
     }
     // A post that arrived while we wrote is answered now, not later.
     (void)redirect_into_post(nullptr, 0, error);
@@ -373,6 +382,8 @@ result<std::size_t> channel::impl::write(const std::byte* data, std::size_t leng
   }
   if (done == 0) {
     progress();
+    // No send was tried: find out whether the peer is still there at all.
+    if (gone()) return errc::peer_gone;
     return errc::would_block;
   }
   full_fence();  // our own_sent/data before the peer's arming word (see prepare_sleep)
@@ -432,7 +443,15 @@ std::size_t channel::impl::writable() {
 
 bool channel::impl::poll() {
   progress();
-  return readable() > 0 || load(area->fin) != 0 || load(area->peer_hello.state) == 1;
+  std::uint64_t now = activity();
+  bool changed = now != polled_activity;
+  polled_activity = now;
+  return changed;
+}
+
+std::uint64_t channel::impl::activity() const {
+  return load(area->produced) + load(area->credit) + load(area->fin) +
+         load(area->peer_hello.state) + load(area->post_report.id);
 }
 
 std::size_t channel::impl::readable() {
@@ -451,17 +470,26 @@ std::size_t channel::impl::copy_out(std::byte* data, std::size_t length, bool co
   std::size_t n = std::min<std::size_t>(length, static_cast<std::size_t>(
                                                     load(area->produced) - stream_read));
   if (n == 0) return 0;
-  std::size_t at = static_cast<std::size_t>(ring_read & (ring_bytes - 1));
-  std::size_t first = std::min(n, ring_bytes - at);
-  std::memcpy(data, ring + at, first);
-  if (first < n) std::memcpy(data + first, ring, n - first);
-  if (consume) {
-    stream_read += n;
-    ring_read += n;
-    bytes_received.fetch_add(n, std::memory_order_relaxed);
-    bytes_copied.fetch_add(n, std::memory_order_relaxed);
+  if (!consume) {
+    std::size_t at = static_cast<std::size_t>(ring_read & (ring_bytes - 1));
+    std::size_t first = std::min(n, ring_bytes - at);
+    std::memcpy(data, ring + at, first);
+    if (first < n) std::memcpy(data + first, ring, n - first);
+    return n;
+  }
+  // A slice at a time, crediting as we go, so the sender refills meanwhile.
+  std::size_t slice = std::max<std::size_t>(ring_bytes / 8, 16 * 1024);
+  for (std::size_t done = 0; done < n;) {
+    std::size_t at = static_cast<std::size_t>(ring_read & (ring_bytes - 1));
+    std::size_t piece = std::min({n - done, ring_bytes - at, slice});
+    std::memcpy(data + done, ring + at, piece);
+    done += piece;
+    stream_read += piece;
+    ring_read += piece;
     return_credit();
   }
+  bytes_received.fetch_add(n, std::memory_order_relaxed);
+  bytes_copied.fetch_add(n, std::memory_order_relaxed);
   return n;
 }
 
@@ -501,7 +529,8 @@ bool channel::impl::prepare_sleep(sleep_reason reason) {
   return true;
 }
 
-bool channel::impl::gone() { return attached && ctx.describe(peer).is(errc::peer_gone); }
+// The peer process died, or its end was destroyed (its area withdrawn).
+bool channel::impl::gone() { return attached && !ctx.describe(peer); }
 
 // Waits a bounded slice: busy-polls until `spin_until`, then sleeps on the
 // doorbell (or naps when the user gave no doorbell) with the arming protocol.
@@ -565,13 +594,15 @@ status channel::impl::post_buffer(std::byte* data, std::size_t length) {
   return {};
 }
 
-// Takes the open post back unless the sender already took it up. Returns true
-// when withdrawn; false means a report is coming within the sender's call.
-bool channel::impl::withdraw_post() {
-  if (!put(offsetof(area_header, withdrawn), post_id)) return false;
+// Takes the open post back unless the sender already took it up: true when
+// withdrawn, false when a report is coming within the sender's call.
+// Errors: those of reaching the peer's area (it is gone).
+result<bool> channel::impl::withdraw_post() {
+  if (status s = put(offsetof(area_header, withdrawn), post_id); !s) return s.error();
   full_fence();
   auto seen = get(offsetof(area_header, own_post_seen));
-  if (!seen || *seen >= post_id) return false;
+  if (!seen) return seen.error();
+  if (*seen >= post_id) return false;
   post_open = false;
   return true;
 }
@@ -602,20 +633,33 @@ result<receive_result> channel::impl::complete_post(std::byte* data, std::size_t
       }
       return out;
     }
-    bool ring_has_bytes = load(area->produced) > post_start;
+    // Bytes in the ring (the sender wrote them before it saw the post), the
+    // end of the stream or our deadline: take the post back if we still can.
+    // A sender that already took it answers within its current call.
+    // With wait_all, ring bytes alone are no reason: a busy sender takes the
+    // post up with its next write. An idle one (all it sent has landed) never
+    // will, and a post the ring already fills cannot gain anything.
+    std::uint64_t produced = load(area->produced);
+    bool ring_has_bytes = produced > post_start;
+    bool give_up_post = ring_has_bytes && (!wait_all || produced >= post_start + length);
+    if (ring_has_bytes && !give_up_post) {
+      auto sent = get(offsetof(area_header, own_sent));
+      give_up_post = !sent || *sent <= produced;
+    }
+    bool ended = load(area->fin) != 0 && load(area->fin) - 1 == post_start;
     bool must_leave = clock::now() >= deadline;
-    if ((ring_has_bytes && !wait_all) || must_leave) {
-      if (withdraw_post()) {
+    if (give_up_post || ended || must_leave) {
+      auto withdrawn = withdraw_post();
+      if (!withdrawn) return gone() ? errc::peer_gone : withdrawn.error();
+      if (*withdrawn) {
         receive_result out;
         out.copied = copy_out(data, length, true);
-        if (out.copied == 0 && must_leave) return errc::timed_out;
+        if (out.copied == 0 && must_leave && !ended) return errc::timed_out;
         return out;
       }
+      if (gone()) return errc::peer_gone;
+      progress();
       continue;  // the report is on its way
-    }
-    if (load(area->fin) != 0 && load(area->fin) - 1 == post_start) {
-      if (withdraw_post()) return receive_result{};
-      continue;
     }
     if (status s = wait_a_little(clock::time_point::max(), spin_until, sleep_reason::data); !s)
       return s.error();
@@ -724,10 +768,7 @@ result<receive_result> channel::receive(void* data, std::size_t length, bool wai
 bool channel::poll() { return impl_->poll(); }
 bool channel::prepare_sleep(sleep_reason reason) { return impl_->prepare_sleep(reason); }
 std::size_t channel::writable() { return impl_->writable(); }
-std::uint64_t channel::activity() {
-  const wire::area_header* a = impl_->area;
-  return load(a->produced) + load(a->credit) + load(a->fin) + load(a->peer_hello.state);
-}
+std::uint64_t channel::activity() { return impl_->activity(); }
 bool channel::peer_gone() { return impl_->gone(); }
 
 channel_counters channel::stats() const {

@@ -173,8 +173,9 @@ class context {
   result<import_handle> import_buffer(std::string_view peer_address, std::string_view name,
                                       std::chrono::milliseconds timeout = std::chrono::seconds(5));
   status unimport_buffer(import_handle handle);
-  // Length and rights of an import. Errors: unknown_handle, peer_gone (the
-  // exporter is known to be dead: a cheap liveness check).
+  // Length and rights of an import. Errors: unknown_handle (also once the
+  // exporter withdrew the export), peer_gone (the exporter is known to be
+  // dead). Cheap: upper layers use it as a liveness check.
   result<import_info> describe(import_handle handle) const;
 
   // --- deliberate update and fetch ---------------------------------------
