@@ -5,4 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 cd build
-ctest --output-on-failure --timeout 600 -j2 "$@"
+ctest --output-on-failure --timeout 600 "$@"

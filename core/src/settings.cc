@@ -22,7 +22,7 @@ const setting tcp_address {"core", "tcp_address", setting_type::string,  "127.0.
   "local IP address for the tcp provider and the control listener (reachable by remote peers)"};
 const setting liveness_ms {"core", "liveness_ms", setting_type::integer, "600",
   "a peer silent for this long on its control connection is declared gone"};
-const setting spin_us     {"core", "spin_us",     setting_type::integer, "50",
+const setting spin_us     {"core", "spin_us",     setting_type::integer, "200",
   "how long waits busy-poll before sleeping on a descriptor"};
 const setting log_level   {"core", "log_level",   setting_type::integer, "0",
   "0 silent, 1 errors, 2 warnings, 3 debug (on stderr)"};

@@ -548,12 +548,11 @@ status channel::impl::wait_a_little(clock::time_point deadline, clock::time_poin
     std::this_thread::sleep_for(std::chrono::microseconds(50));
     return {};
   }
-  if (!prepare_sleep(reason)) return {};
   auto slice = std::min<clock::duration>(deadline - now, std::chrono::milliseconds(100));
   if (options.await_doorbell) {
-    options.await_doorbell(
-        static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(slice).count()));
-  } else {
+    options.await_doorbell([&] { return prepare_sleep(reason); },
+                           static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(slice).count()));
+  } else if (prepare_sleep(reason)) {
     std::this_thread::sleep_for(std::min<clock::duration>(slice, std::chrono::microseconds(200)));
   }
   spin_until = clock::now() + spin;
@@ -661,8 +660,10 @@ result<receive_result> channel::impl::complete_post(std::byte* data, std::size_t
       progress();
       continue;  // the report is on its way
     }
-    if (status s = wait_a_little(clock::time_point::max(), spin_until, sleep_reason::data); !s)
-      return s.error();
+    if (status s = wait_a_little(clock::time_point::max(), spin_until, sleep_reason::data); !s) {
+      if (!s.is(errc::peer_gone)) return s.error();
+      continue;  // withdrawing fails next round and the loop reports it
+    }
   }
 }
 
@@ -695,7 +696,9 @@ result<receive_result> channel::impl::receive(std::byte* data, std::size_t lengt
     }
     if (status s = wait_a_little(deadline, spin_until, sleep_reason::data); !s) {
       if (s.is(errc::timed_out) && total.total() > 0) break;
-      if (s.is(errc::peer_gone) && readable() > 0) continue;
+      // The peer may have ended its stream just before it went away.
+      if (s.is(errc::peer_gone) && (readable() > 0 || at_end())) continue;
+      if (total.total() > 0) break;
       return s.error();
     }
   }
@@ -756,6 +759,7 @@ result<std::size_t> channel::write(const void* data, std::size_t length, bool al
 status channel::close_write() { return impl_->close_write(); }
 std::size_t channel::readable() { return impl_->readable(); }
 bool channel::at_end() { return impl_->at_end(); }
+bool channel::peer_closed() { return load(impl_->area->fin) != 0; }
 std::size_t channel::read(void* data, std::size_t length, bool consume) {
   impl_->progress();
   if (impl_->post_open) return 0;

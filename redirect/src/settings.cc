@@ -5,7 +5,7 @@ namespace vmmc::redirect::settings {
 using core::setting;
 using core::setting_type;
 // clang-format off
-const setting ring_bytes {"redirect", "ring_bytes", setting_type::bytes, "512k",
+const setting ring_bytes {"redirect", "ring_bytes", setting_type::bytes, "2m",
   "default buffer (ring) of each channel end; rounded up to a power of two"};
 const setting post_min   {"redirect", "post_min",   setting_type::bytes, "64k",
   "smallest receive that posts its buffer for direct placement (fabric path only)"};

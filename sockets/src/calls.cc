@@ -120,10 +120,20 @@ int connect(int fd, const sockaddr* address, socklen_t length) {
 
 int close(int fd) {
   if (stream_ptr s = find(fd)) {
+    if (in_forked_child()) {
+      // The channel belongs to the parent, which may still use this socket:
+      // neither end it nor tear it down from here.
+      (void)s->chan.release();
+      s.reset();
+      forget(fd);
+      forget_epoll_set(fd);
+      return ::close(fd);
+    }
     if (s->state.load() == phase::upgraded && s->out_switched.load() && !s->write_shut.load()) {
       std::lock_guard lock(s->write_mutex);
       (void)s->chan->close_write();  // every byte sent so far, then end of stream
     }
+    discard_protocol_bytes(*s);
     s.reset();
     forget(fd);  // tears the channel down (the peer's later sends fail)
   }
@@ -133,7 +143,15 @@ int close(int fd) {
 
 int shutdown(int fd, int how) {
   stream_ptr s = managed(fd);
-  if (!s || s->state.load() != phase::upgraded) return ::shutdown(fd, how);
+  if (!s || s->state.load() != phase::upgraded) {
+    int r = ::shutdown(fd, how);
+    if (r == 0 && s && how != SHUT_RD) {
+      // Our direction ends on TCP: it must never switch to a channel later.
+      std::lock_guard lock(s->write_mutex);
+      s->write_shut.store(true);
+    }
+    return r;
+  }
   if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR) {
     errno = EINVAL;
     return -1;
@@ -188,19 +206,32 @@ int ioctl(int fd, unsigned long request, void* argument) {
     if (r == 0) s->nonblocking.store(*static_cast<int*>(argument) != 0);
     return r;
   }
-  if (s && request == FIONREAD && argument && s->state.load() == phase::upgraded) {
-    int* count = static_cast<int*>(argument);
-    if (s->in_switched.load()) {
-      *count = static_cast<int>(std::min<size_t>(s->chan->readable(), INT32_MAX));
+  if (s && request == FIONREAD && argument) {
+    if (s->state.load() == phase::undecided) try_decide(*s, false);
+    if (s->state.load() == phase::upgraded) {
+      int* count = static_cast<int*>(argument);
+      if (!s->in_switched.load() && learn_peer_raw(*s) && s->tcp_in.load() == *s->peer_raw)
+        s->in_switched.store(true);
+      if (s->in_switched.load()) {
+        *count = static_cast<int>(std::min<size_t>(s->chan->readable(), INT32_MAX));
+        return 0;
+      }
+      if (::ioctl(fd, FIONREAD, count) != 0) return -1;
+      int at_mark = 0;
+      if (::ioctl(fd, SIOCATMARK, &at_mark) == 0 && at_mark) {
+        // The kernel counts only up to an urgent byte (the peer's offer) at
+        // the head; what follows it is what a read returns.
+        thread_local char scratch[65536];
+        ssize_t n = ::recv(fd, scratch, sizeof scratch, MSG_PEEK | MSG_DONTWAIT);
+        *count = n > 0 ? static_cast<int>(n) : 0;
+      }
+      if (learn_peer_raw(*s)) {
+        std::uint64_t remaining = *s->peer_raw - s->tcp_in.load();
+        *count = static_cast<int>(
+            std::min<std::uint64_t>(static_cast<std::uint64_t>(*count), remaining));
+      }
       return 0;
     }
-    if (::ioctl(fd, FIONREAD, count) != 0) return -1;
-    if (learn_peer_raw(*s)) {
-      std::uint64_t remaining = *s->peer_raw - s->tcp_in.load();
-      *count = static_cast<int>(std::min<std::uint64_t>(static_cast<std::uint64_t>(*count), remaining));
-      if (remaining == 0 && s->chan) *count = static_cast<int>(s->chan->readable());
-    }
-    return 0;
   }
   return ::ioctl(fd, request, argument);
 }

@@ -3,6 +3,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include <charconv>
 #include <cstring>
 #include <string>
+#include <functional>
 #include <thread>
 
 #include "sockets.h"
@@ -77,15 +79,8 @@ redirect::channel_options channel_options_for(stream& s) {
   redirect::channel_options o;
   stream* self = &s;  // the channel lives inside the stream
   o.ring_doorbell = [self] { ring_doorbell(*self); };
-  o.await_doorbell = [self](int timeout_ms) {
-    if (self->tcp_eof.load()) {
-      // Nothing more comes over TCP; the channel checks the peer's liveness.
-      std::this_thread::sleep_for(std::chrono::milliseconds(std::min(timeout_ms, 1)));
-      return;
-    }
-    pollfd pfd{self->fd, POLLIN, 0};
-    ::poll(&pfd, 1, timeout_ms);
-    drain_doorbells(*self);
+  o.await_doorbell = [self](const std::function<bool()>& arm, int timeout_ms) {
+    sleep_on_doorbell(*self, arm, timeout_ms);
   };
   return o;
 }
@@ -121,16 +116,19 @@ void accept_offer(stream& s) {
 }
 
 // Client: the server accepted; read its hello frame and set up our channel.
-void take_accept(stream& s) {
+// The hello frame that follows the server's accept byte.
+bool read_hello_frame(int fd, std::string& descriptor) {
   wire::hello_frame frame{};
+  if (!receive_exactly(fd, &frame, sizeof frame) || frame.magic != wire::hello_magic ||
+      frame.version != wire::version || frame.length == 0)
+    return false;
+  descriptor.resize(frame.length);
+  return receive_exactly(fd, descriptor.data(), descriptor.size());
+}
+
+void take_accept(stream& s) {
   std::string descriptor;
-  bool ok = receive_exactly(s.fd, &frame, sizeof frame) && frame.magic == wire::hello_magic &&
-            frame.version == wire::version && frame.length > 0;
-  if (ok) {
-    descriptor.resize(frame.length);
-    ok = receive_exactly(s.fd, descriptor.data(), descriptor.size());
-  }
-  if (!ok) {
+  if (!read_hello_frame(s.fd, descriptor)) {
     // The peer sent an accept byte but no valid hello: it is not us after all,
     // and the bytes it sent cannot be given back. Fail the connection.
     s.pending_error.store(EPROTO);
@@ -157,6 +155,37 @@ void take_accept(stream& s) {
 }
 }  // namespace
 
+// A doorbell byte does not say whether it is for the reader (data) or the
+// writer (space), and either thread may drain it. So only one thread sleeps
+// on the descriptor; others wait for it on a condition variable, and every
+// drained byte bumps a generation that wakes them all. A thread notes the
+// generation before it arms: a byte drained after that is never missed.
+void sleep_on_doorbell(stream& s, const std::function<bool()>& arm, int timeout_ms) {
+  std::uint64_t seen = s.doorbell_generation.load();
+  if (!arm()) return;
+  if (s.tcp_eof.load()) {
+    // Nothing more comes over TCP; the channel checks the peer's liveness.
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(timeout_ms, 1)));
+    return;
+  }
+  std::unique_lock lock(s.sleep_mutex);
+  if (s.doorbell_generation.load() != seen) return;
+  if (!s.descriptor_sleeper) {
+    s.descriptor_sleeper = true;
+    lock.unlock();
+    pollfd pfd{s.fd, POLLIN, 0};
+    ::poll(&pfd, 1, timeout_ms);
+    drain_doorbells(s);
+    lock.lock();
+    s.descriptor_sleeper = false;
+    s.sleep_cv.notify_all();  // another waiter takes over the descriptor
+    return;
+  }
+  s.sleep_cv.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] {
+    return s.doorbell_generation.load() != seen || !s.descriptor_sleeper;
+  });
+}
+
 void ring_doorbell(stream& s) {
   unsigned char b = wire::doorbell_byte;
   [[maybe_unused]] ssize_t n = ::send(s.fd, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -169,16 +198,51 @@ void drain_doorbells(stream& s) {
     ssize_t n = ::recv(s.fd, scratch, sizeof scratch, MSG_DONTWAIT);
     if (n > 0) {
       s.doorbells_in.fetch_add(static_cast<std::uint64_t>(n));
+      std::lock_guard lock(s.sleep_mutex);
+      s.doorbell_generation.fetch_add(1);
+      s.sleep_cv.notify_all();
       continue;
     }
+    if (n < 0 && errno == ECONNRESET) s.tcp_reset.store(true);
     if (n == 0 || (errno != EAGAIN && errno != EINTR)) s.tcp_eof.store(true);
     if (n < 0 && errno == EINTR) continue;
     return;
   }
 }
 
+// Bytes of our protocol left in the kernel's receive queue would make
+// close() send a reset instead of a FIN (Linux resets when unread data is
+// discarded), and the peer would lose the end of our stream. Application
+// bytes still unread are left alone: for those the reset is the kernel's.
+void discard_protocol_bytes(stream& s) {
+  phase p = s.state.load();
+  if (p != phase::upgraded && p != phase::undecided) return;
+  bool raw_done = s.in_switched.load() || (p == phase::upgraded && learn_peer_raw(s) &&
+                                           s.tcp_in.load() == *s.peer_raw);
+  char scratch[4096];
+  if (!raw_done) {
+    // An urgent byte at the head: the peer's offer, or its accept and hello.
+    int at_mark = 0;
+    if (::ioctl(s.fd, SIOCATMARK, &at_mark) != 0 || !at_mark) return;
+    unsigned char urgent = 0;
+    if (s.is_client && ::recv(s.fd, &urgent, 1, MSG_OOB | MSG_DONTWAIT) == 1 &&
+        urgent == wire::accept_byte) {
+      std::string ignored;
+      (void)read_hello_frame(s.fd, ignored);
+      return;
+    }
+    if (::recv(s.fd, scratch, 1, MSG_PEEK | MSG_DONTWAIT) > 0) return;  // application bytes
+  }
+  for (int i = 0; i < 256; ++i) {  // bounded: doorbells are single bytes
+    ssize_t n = ::recv(s.fd, scratch, sizeof scratch, MSG_DONTWAIT);
+    if (n <= 0 && !(n < 0 && errno == EINTR)) return;
+    if (!raw_done) return;
+  }
+}
+
 void send_offer(stream& s) {
   if (!enabled()) return become_plain(s, "disabled");
+  if (in_forked_child()) return become_plain(s, "forked child");
   unsigned char offer = wire::offer_byte;
   if (::send(s.fd, &offer, 1, MSG_OOB | MSG_NOSIGNAL | MSG_DONTWAIT) != 1)
     return become_plain(s, "offer not sent");
@@ -244,6 +308,12 @@ bool learn_peer_raw(stream& s) {
 
 void place_hello_locked(stream& s) {
   if (!s.hello_pending.load() || s.out_switched.load() || !s.chan) return;
+  if (s.write_shut.load()) {
+    // Our direction ended on TCP (shutdown before the switch): it stays
+    // there, and the peer keeps reading it to its end of file.
+    s.hello_pending.store(false);
+    return;
+  }
   std::string count = std::to_string(s.tcp_out);
   status placed;
   if (s.is_client) {

@@ -84,14 +84,31 @@ bool wait_readable(stream& s, clock::time_point deadline) {
     if (now >= deadline) return false;
     if (now < spin_until) continue;
     if (ch.peer_gone()) return true;
-    if (!ch.prepare_sleep(redirect::sleep_reason::data)) continue;
-    pollfd pfd{s.fd, POLLIN, 0};
     auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count();
-    ::poll(&pfd, 1, static_cast<int>(std::min<long long>(left, 100)));
-    drain_doorbells(s);
+    sleep_on_doorbell(
+        s, [&] { return ch.prepare_sleep(redirect::sleep_reason::data); },
+        static_cast<int>(std::min<long long>(left, 100)));
     spin_until = clock::now() + std::chrono::microseconds(50);
   }
   return true;
+}
+
+// The channel's peer is gone without ending its stream. Like the kernel: if
+// its TCP side closed in order (a process that exits or is killed gets a
+// FIN), every byte it sent has been read and this is the end of the stream;
+// a reset is ECONNRESET. (On the fabric path bytes a killed peer had not yet
+// pushed out are lost; the mapped path has them all.)
+ssize_t end_after_peer_gone(stream& s) {
+  auto deadline = clock::now() + std::chrono::milliseconds(200);
+  while (!s.tcp_eof.load() && clock::now() < deadline) {
+    pollfd pfd{s.fd, POLLIN, 0};
+    ::poll(&pfd, 1, 20);
+    drain_doorbells(s);
+  }
+  // A same-host peer copied every byte it sent into our memory before its
+  // send returned: nothing can have been lost with it.
+  if ((s.tcp_eof.load() && !s.tcp_reset.load()) || s.chan->path() == "mapped") return 0;
+  return fail(ECONNRESET);
 }
 
 ssize_t receive_channel(stream& s, char* buffer, size_t length, int flags, bool no_wait) {
@@ -108,7 +125,7 @@ ssize_t receive_channel(stream& s, char* buffer, size_t length, int flags, bool 
       size_t n = ch.read(buffer, length, !peek);
       if (n > 0) return static_cast<ssize_t>(n);
       if (ch.at_end()) return 0;
-      if (ch.peer_gone()) return fail(ECONNRESET);
+      if (ch.peer_gone()) return end_after_peer_gone(s);
       if (no_wait) {
         if (ch.prepare_sleep(redirect::sleep_reason::data)) return fail(EAGAIN);
         if (clock::now() > in_flight_deadline) return fail(EAGAIN);
@@ -118,6 +135,7 @@ ssize_t receive_channel(stream& s, char* buffer, size_t length, int flags, bool 
     }
   }
   auto got = ch.receive(buffer, length, flags & MSG_WAITALL, s.receive_timeout);
+  if (!got && got.is(errc::peer_gone)) return end_after_peer_gone(s);
   if (!got) return fail(errno_for(got.error()));
   return static_cast<ssize_t>(got->total());
 }
@@ -148,6 +166,7 @@ ssize_t receive(stream& s, void* buffer, size_t length, int flags) {
     }
   }
   if (p != phase::upgraded) return ::recv(s.fd, buffer, length, flags);
+  if (in_forked_child() && s.chan) return fail(EIO);
 
   std::lock_guard lock(s.read_mutex);
   advance_upgrade(s);
@@ -181,12 +200,16 @@ ssize_t transmit(stream& s, const void* buffer, size_t length, int flags) {
   if (s.write_shut.load()) return broken_pipe(flags);
   phase p = s.state.load();
   if (p == phase::connecting && check_connected(s)) p = s.state.load();
-  if (p == phase::undecided && !s.is_client) {
-    try_decide(s, true);  // a server writing first: the client's offer decides
+  if (p == phase::undecided) {
+    // A server writing first waits for the client's offer, which decides; a
+    // client looks whether the server's answer came (so a client that only
+    // writes switches too, and leaves no protocol bytes unread).
+    try_decide(s, !s.is_client);
     p = s.state.load();
   }
   if (p == phase::plain || p == phase::idle || p == phase::connecting)
     return ::send(s.fd, buffer, length, flags);
+  if (in_forked_child() && s.chan) return fail(EIO);
 
   std::lock_guard lock(s.write_mutex);
   if (peer_ready(s)) place_hello_locked(s);
@@ -228,10 +251,18 @@ short ready_events(stream& s, short wanted, short kernel_events) {
   if (p == phase::undecided) {
     try_decide(s, false);
     p = s.state.load();
+    if (p != phase::undecided) {
+      // What the kernel said included our protocol bytes, which the decision
+      // just consumed: ask again.
+      pollfd pfd{s.fd, static_cast<short>(wanted | POLLIN), 0};
+      kernel_events = ::poll(&pfd, 1, 0) == 1 ? pfd.revents : 0;
+    }
   }
   if (p != phase::upgraded || !s.chan) return kernel_events;
   advance_upgrade(s);
-  short out = kernel_events & ~(POLLIN | POLLRDNORM | POLLOUT | POLLWRNORM);
+  short out = kernel_events & ~(POLLIN | POLLRDNORM | POLLOUT | POLLWRNORM | POLLRDHUP);
+  if (!s.in_switched.load()) out |= kernel_events & POLLRDHUP;
+  if (s.chan->peer_closed()) out |= POLLRDHUP;
   redirect::channel& ch = *s.chan;
   if (!s.in_switched.load() && learn_peer_raw(s) && s.tcp_in == *s.peer_raw) {
     std::unique_lock lock(s.read_mutex, std::try_to_lock);

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <shared_mutex>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "sockets.h"
@@ -264,55 +265,65 @@ std::uint32_t kernel_events_for(stream* s, std::uint32_t user_events) {
   return e;
 }
 
-// One round: our streams' channel readiness plus whatever the kernel said.
+// What to report for member `fd` given the kernel's events for it (0 if
+// none); 0 means nothing. Keeps the kernel registration of a stream whose
+// writes moved to its channel free of EPOLLOUT (TCP is always writable).
+std::uint32_t member_events(int epfd, int fd, interest& in, std::uint32_t kev) {
+  if (in.disabled) return 0;
+  stream_ptr s = find(fd);
+  if (!s || !needs_us(s)) return kev & (in.user.events | EPOLLERR | EPOLLHUP);
+  std::uint32_t wanted = in.user.events;
+  auto ev = static_cast<std::uint32_t>(static_cast<std::uint16_t>(
+      ready_events(*s, static_cast<short>(wanted & 0xffff), static_cast<short>(kev & 0xffff))));
+  ev &= wanted | EPOLLERR | EPOLLHUP;
+  if (s->state.load() == phase::upgraded && s->out_switched.load() &&
+      (in.kernel_events & EPOLLOUT)) {
+    epoll_event mod{kernel_events_for(s.get(), wanted), {}};
+    mod.data.u64 = static_cast<std::uint64_t>(fd);
+    if (::epoll_ctl(epfd, EPOLL_CTL_MOD, fd, &mod) == 0) in.kernel_events = mod.events;
+  }
+  if (ev == 0) return 0;
+  if (wanted & EPOLLET) {
+    // Edge-triggered: a stream is reported again only when something new
+    // came, from the kernel or through its channel.
+    std::uint64_t activity = s->chan ? s->chan->activity() + s->doorbells_in.load() : 0;
+    if (kev == 0 && activity == in.reported_activity) return 0;
+    in.reported_activity = activity;
+  }
+  return ev;
+}
+
+// One round: first every descriptor the kernel reported (an edge it gave us
+// must not be dropped), then our streams whose channels are ready.
 int collect(int epfd, epoll_set& set, epoll_event* events, int max_events, int timeout_ms) {
   thread_local std::vector<epoll_event> kernel;
-  kernel.resize(static_cast<std::size_t>(std::max(max_events, 64)));
-  int got = ::epoll_wait(epfd, kernel.data(), static_cast<int>(kernel.size()), timeout_ms);
+  kernel.resize(static_cast<std::size_t>(max_events));
+  int got = ::epoll_wait(epfd, kernel.data(), max_events, timeout_ms);
   if (got < 0) return -1;
-
-  thread_local std::unordered_map<int, std::uint32_t> from_kernel;
-  from_kernel.clear();
-  for (int i = 0; i < got; ++i) from_kernel[static_cast<int>(kernel[i].data.u64)] |= kernel[i].events;
 
   std::lock_guard lock(set.mutex);
   int n = 0;
   auto emit = [&](interest& in, std::uint32_t ev) {
-    if (n >= max_events || ev == 0) return;
     events[n].events = ev;
     events[n].data = in.user.data;
     ++n;
     if (in.user.events & EPOLLONESHOT) in.disabled = true;
   };
+  thread_local std::unordered_set<int> reported;
+  reported.clear();
+  for (int i = 0; i < got; ++i) {
+    int fd = static_cast<int>(kernel[i].data.u64);
+    auto it = set.members.find(fd);
+    if (it == set.members.end()) continue;
+    reported.insert(fd);
+    if (std::uint32_t ev = member_events(epfd, fd, it->second, kernel[i].events)) emit(it->second, ev);
+  }
   for (auto& [fd, in] : set.members) {
     if (n >= max_events) break;
-    auto k = from_kernel.find(fd);
-    std::uint32_t kev = k == from_kernel.end() ? 0 : k->second;
-    if (in.disabled) continue;
+    if (reported.count(fd)) continue;
     stream_ptr s = find(fd);
-    if (!s || !needs_us(s)) {
-      emit(in, kev & (in.user.events | EPOLLERR | EPOLLHUP));
-      continue;
-    }
-    std::uint32_t wanted = in.user.events;
-    auto ev = static_cast<std::uint32_t>(static_cast<std::uint16_t>(
-        ready_events(*s, static_cast<short>(wanted & 0xffff), static_cast<short>(kev & 0xffff))));
-    ev &= wanted | EPOLLERR | EPOLLHUP;
-    if (s->state.load() == phase::upgraded && s->out_switched.load() &&
-        (in.kernel_events & EPOLLOUT)) {
-      // Kernel TCP is always writable; our space is the channel's.
-      epoll_event mod{kernel_events_for(s.get(), wanted), {}};
-      mod.data.u64 = static_cast<std::uint64_t>(fd);
-      if (::epoll_ctl(epfd, EPOLL_CTL_MOD, fd, &mod) == 0) in.kernel_events = mod.events;
-    }
-    if (ev == 0) continue;
-    if (wanted & EPOLLET) {
-      // Edge-triggered: report a stream again only when something new came.
-      std::uint64_t activity = s->chan ? s->chan->activity() + s->doorbells_in.load() : 0;
-      if (kev == 0 && activity == in.reported_activity) continue;
-      in.reported_activity = activity;
-    }
-    emit(in, ev);
+    if (!s || s->state.load() != phase::upgraded) continue;
+    if (std::uint32_t ev = member_events(epfd, fd, in, 0)) emit(in, ev);
   }
   return n;
 }

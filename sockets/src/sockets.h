@@ -9,6 +9,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -64,9 +66,15 @@ struct stream {
   std::atomic<bool> in_switched{false};
 
   std::atomic<bool> write_shut{false}, read_shut{false};
-  std::atomic<bool> tcp_eof{false};  // the peer's TCP side reached end of file
+  std::atomic<bool> tcp_eof{false};    // the peer's TCP side ended (FIN or reset)
+  std::atomic<bool> tcp_reset{false};  // ... by a reset
   std::atomic<int> pending_error{0};  // an error to report on the next call (errno)
   std::atomic<std::uint64_t> doorbells_in{0};
+  // Sleeping on the doorbell (handshake.cc, sleep_on_doorbell).
+  std::mutex sleep_mutex;
+  std::condition_variable sleep_cv;
+  bool descriptor_sleeper = false;
+  std::atomic<std::uint64_t> doorbell_generation{0};
 };
 
 using stream_ptr = std::shared_ptr<stream>;
@@ -79,6 +87,11 @@ bool enabled();
 // Created on first need (a peer that speaks vmmc): a process that never meets
 // one starts no threads and never opens libfabric. Null if it cannot be made.
 core::context* process_context();
+// After fork() the child has the parent's streams but not the threads of its
+// context: new connections stay kernel TCP there, and inherited accelerated
+// ones fail with EIO (following them into the child is the preload layer's
+// job, issue 4).
+bool in_forked_child();
 void log(int level, const char* format, ...) __attribute__((format(printf, 2, 3)));
 
 // --- handshake.cc
@@ -90,6 +103,8 @@ void advance_upgrade(stream& s);      // places it unless a writer is busy (it w
 void place_hello_locked(stream& s);   // with write_mutex held
 bool learn_peer_raw(stream& s);       // true once the peer's N is known
 void ring_doorbell(stream& s);
+void sleep_on_doorbell(stream& s, const std::function<bool()>& arm, int timeout_ms);
+void discard_protocol_bytes(stream& s);  // before close: FIN, not reset
 void drain_doorbells(stream& s);
 
 // --- readiness.cc

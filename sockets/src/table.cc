@@ -1,6 +1,7 @@
 // The descriptor table, the process-wide VMMC context, settings and logging.
 #include <sys/resource.h>
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <cstdarg>
@@ -17,9 +18,9 @@ namespace settings {
 // clang-format off
 const core::setting enable    {"sockets", "enable",    core::setting_type::boolean, "1",
   "offer and accept VMMC on TCP connections (0: every socket stays kernel TCP)"};
-const core::setting hold_us   {"sockets", "hold_us",   core::setting_type::integer, "2000",
-  "a server that writes first waits this long for the client's offer byte (plain clients only "
-  "see this delay once, on their first byte)"};
+const core::setting hold_us   {"sockets", "hold_us",   core::setting_type::integer, "10000",
+  "a server that writes before reading waits up to this long (or two round trips) for the "
+  "client's offer byte; plain clients of server-speaks-first protocols see it once"};
 const core::setting log_level {"sockets", "log_level", core::setting_type::integer, "0",
   "0 silent, 1 errors, 2 warnings, 3 debug (on stderr)"};
 // clang-format on
@@ -83,7 +84,11 @@ std::unique_ptr<core::context>& context_slot() {
 // At exit, channels go before the context they live on (and the context
 // before libfabric's own teardown), so peers see an orderly end and no
 // shared-memory file is left behind.
+std::atomic<bool> forked{false};
+void note_fork_in_child() { forked.store(true); }
+
 void close_everything() {
+  if (forked.load()) return;  // the context's threads stayed in the parent
   std::vector<stream_ptr> all;
   {
     auto& t = table();
@@ -102,13 +107,16 @@ core::context* process_context() {
     if (c) {
       context_slot() = std::make_unique<core::context>(std::move(*c));
       std::atexit(close_everything);
+      ::pthread_atfork(nullptr, nullptr, note_fork_in_child);
     } else {
       log(1, "cannot create the VMMC context (%s): connections stay kernel TCP",
           c.error().message().c_str());
     }
   });
-  return context_slot().get();
+  return forked.load() ? nullptr : context_slot().get();
 }
+
+bool in_forked_child() { return forked.load(std::memory_order_relaxed); }
 
 void log(int level, const char* format, ...) {
   static const int wanted = static_cast<int>(core::setting_integer(settings::log_level));

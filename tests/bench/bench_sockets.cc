@@ -15,6 +15,7 @@
 #include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/uio.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,6 +24,7 @@
 #include <cstdint>
 #include <cstring>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -315,6 +317,8 @@ class server {
     conn_ = accept_from<Api>(listener_.get());
   }
 
+  int connection() const { return conn_.get(); }
+
   void run(const plan& p) {
     const int conn = conn_.get();
     std::byte* buffer = buffer_.data();
@@ -382,13 +386,20 @@ class server {
   owned_fd<Api> many_epoll_;
 };
 
+void print_description(const char* which, int fd);
+
 // The child: serves the parent's plans on either api until `stop`.
 void serve(peer_link& link) {
   server<kernel_api> kernel(link);
   server<vmmc_api> ours(link);
   for (;;) {
     const plan p = link.recv_value<plan>();
-    if (p.what == experiment::stop) return;
+    if (p.what == experiment::stop) {
+      print_description("connection, server end (received the streams)", ours.connection());
+      std::cout.flush();
+      link.send("done");
+      return;
+    }
     link.send("ready");
     if (p.ours)
       ours.run(p);
@@ -526,6 +537,7 @@ struct clients {
 
 struct socket_results {
   std::vector<double> latency, bandwidth, bandwidth_sized_reads, connect_us, requests_per_s;
+  std::shared_ptr<socket_results> kernel_reference;  // measured beside these, same run
 };
 
 // As calibrated_median, for both apis at once: `run(side, n)` performs n
@@ -559,8 +571,8 @@ std::uint64_t stream_messages(std::size_t size, bool quick) {
   return std::clamp<std::uint64_t>(total / size, 1, most);
 }
 
-void print_description(int fd) {
-  std::cout << "# sockets: ours' ping-pong connection (client end): ";
+void print_description(const char* which, int fd) {
+  std::cout << "# sockets: ours' " << which << ": ";
   const std::optional<vmmc::sockets::socket_info> info = vmmc::sockets::describe(fd);
   if (!info) {
     std::cout << "not managed\n";
@@ -625,8 +637,9 @@ void measure_sockets(bool quick, socket_results& kernel, socket_results& ours) {
         c.kernel.close_many();
         c.ours.close_many();
 
-        print_description(c.ours.connection());
+        print_description("connection, client end (sent the streams)", c.ours.connection());
         link.send_value(plan{experiment::stop, 0, 0, 0});
+        if (link.recv() != "done") throw std::runtime_error("child out of step");
       },
       serve);
 }
@@ -699,27 +712,100 @@ placement_results measure_placement(bool quick) {
 
 }  // namespace
 
+namespace {
+// Ours runs on the path the core settings choose: "shm" = same-host mapped
+// memory (the default), "tcp" = libfabric tcp;ofi_rxm as between hosts.
+// The sockets layer makes its VMMC context once per process, so each
+// provider is measured in a process of its own, which sends its results back.
+socket_results measure_with_provider(const std::string& provider, bool quick) {
+  int fds[2];
+  if (::pipe(fds) != 0) fail("pipe");
+  std::cout.flush();
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0) fail("fork");
+  if (pid == 0) {
+    ::close(fds[0]);
+    int code = 0;
+    try {
+      ::setenv("VMMC_CORE_MAPPED", provider == "shm" ? "1" : "0", 1);
+      ::setenv("VMMC_CORE_PROVIDERS", provider.c_str(), 1);
+      socket_results kernel, ours;
+      measure_sockets(quick, kernel, ours);
+      for (const socket_results* r : {&kernel, &ours})
+        for (auto field : {&socket_results::latency, &socket_results::bandwidth,
+                           &socket_results::bandwidth_sized_reads, &socket_results::connect_us,
+                           &socket_results::requests_per_s}) {
+          const std::vector<double>& v = r->*field;
+          const std::uint64_t n = v.size();
+          if (::write(fds[1], &n, sizeof n) != sizeof n ||
+              ::write(fds[1], v.data(), n * sizeof(double)) !=
+                  static_cast<ssize_t>(n * sizeof(double)))
+            fail("write results");
+        }
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "vmmc-bench sockets (%s): %s\n", provider.c_str(), e.what());
+      code = 1;
+    }
+    std::fflush(nullptr);
+    ::_exit(code);
+  }
+  ::close(fds[1]);
+  auto read_exactly = [&](void* data, std::size_t size) {
+    auto* p = static_cast<char*>(data);
+    while (size > 0) {
+      const ssize_t n = ::read(fds[0], p, size);
+      if (n <= 0) throw std::runtime_error("sockets benchmark (" + provider + ") failed");
+      p += n;
+      size -= static_cast<std::size_t>(n);
+    }
+  };
+  socket_results kernel, ours;
+  try {
+    for (socket_results* r : {&kernel, &ours})
+      for (auto field : {&socket_results::latency, &socket_results::bandwidth,
+                         &socket_results::bandwidth_sized_reads, &socket_results::connect_us,
+                         &socket_results::requests_per_s}) {
+        std::uint64_t n = 0;
+        read_exactly(&n, sizeof n);
+        (r->*field).resize(n);
+        read_exactly((r->*field).data(), n * sizeof(double));
+      }
+  } catch (...) {
+    ::close(fds[0]);
+    ::waitpid(pid, nullptr, 0);
+    throw;
+  }
+  ::close(fds[0]);
+  ::waitpid(pid, nullptr, 0);
+  ours.kernel_reference = std::make_shared<socket_results>(std::move(kernel));
+  return ours;
+}
+}  // namespace
+
 void run_sockets_benchmark(const options& opts, std::vector<result_row>& rows) {
   const bool quick = opts.quick;
   // A peer that dies mid-write must surface as EPIPE, not kill us silently.
   ::signal(SIGPIPE, SIG_IGN);
 
-  std::cerr << "measuring kernel_tcp and ours, alternately\n";
-  socket_results kernel, ours;
-  measure_sockets(quick, kernel, ours);
+  for (const std::string& provider : opts.providers) {
+    std::cerr << "measuring kernel_tcp and ours (" << provider << "), alternately\n";
+    const socket_results ours = measure_with_provider(provider, quick);
+    const socket_results& kernel = *ours.kernel_reference;
+    const std::string prefix = provider == "shm" ? "sockets/" : "sockets-" + provider + "/";
+    add_rows(rows, prefix + "latency", metric::latency_us, ping_pong_sizes, ours.latency,
+             {{"kernel_tcp", kernel.latency}});
+    add_rows(rows, prefix + "bandwidth", metric::bandwidth_GBps, stream_sizes, ours.bandwidth,
+             {{"kernel_tcp", kernel.bandwidth}});
+    add_rows(rows, prefix + "bandwidth_sized_reads", metric::bandwidth_GBps, stream_sizes,
+             ours.bandwidth_sized_reads, {{"kernel_tcp", kernel.bandwidth_sized_reads}});
+    add_rows(rows, prefix + "connect", metric::latency_us, {1}, ours.connect_us,
+             {{"kernel_tcp", kernel.connect_us}});
+    add_rows(rows, prefix + "many_connections", metric::rate_per_s, {request_size},
+             ours.requests_per_s, {{"kernel_tcp", kernel.requests_per_s}});
+  }
   std::cerr << "measuring placement\n";
   const placement_results placement = measure_placement(quick);
-
-  add_rows(rows, "sockets/latency", metric::latency_us, ping_pong_sizes, ours.latency,
-           {{"kernel_tcp", kernel.latency}});
-  add_rows(rows, "sockets/bandwidth", metric::bandwidth_GBps, stream_sizes, ours.bandwidth,
-           {{"kernel_tcp", kernel.bandwidth}});
-  add_rows(rows, "sockets/bandwidth_sized_reads", metric::bandwidth_GBps, stream_sizes,
-           ours.bandwidth_sized_reads, {{"kernel_tcp", kernel.bandwidth_sized_reads}});
-  add_rows(rows, "sockets/connect", metric::latency_us, {1}, ours.connect_us,
-           {{"kernel_tcp", kernel.connect_us}});
-  add_rows(rows, "sockets/many_connections", metric::rate_per_s, {request_size},
-           ours.requests_per_s, {{"kernel_tcp", kernel.requests_per_s}});
   add_rows(rows, "sockets/placement", metric::bandwidth_GBps, {placement_size},
            {placement.memcpy_GBps}, {{"process_vm_writev", {placement.process_vm_writev_GBps}}});
 }

@@ -921,7 +921,9 @@ class BlockingChannel : public Channel {
       o.ring_bytes = ring;
       o.post_min = post_min;
       o.ring_doorbell = [&theirs] { theirs.ring(); };
-      o.await_doorbell = [&mine](int ms) { mine.await(ms); };
+      o.await_doorbell = [&mine](const std::function<bool()>& arm, int ms) {
+        if (arm()) mine.await(ms);
+      };
       return o;
     };
     a_.emplace(create(context_a(), with(door_a_, door_b_)));

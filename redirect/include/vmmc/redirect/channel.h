@@ -60,11 +60,13 @@ struct channel_options {
   // Called (from whichever thread sends) when the peer sleeps and must be
   // woken. Must not block and must not call back into the channel.
   std::function<void()> ring_doorbell;
-  // Sleeps until this end's doorbell rang (and clears it) or `timeout_ms`
-  // passed; the channel calls it from blocking waits after prepare_sleep().
+  // Blocking waits call it to sleep: it must call `arm` (prepare_sleep for
+  // the wait's reason) and return at once when that returns false; else sleep
+  // until this end's doorbell rang (and clear it) or `timeout_ms` passed.
+  // Taking `arm` lets the user note its own wake-up state before arming.
   // Empty: blocking waits nap briefly instead (fine for tests, not for idle
   // processes).
-  std::function<void(int timeout_ms)> await_doorbell;
+  std::function<void(const std::function<bool()>& arm, int timeout_ms)> await_doorbell;
 };
 
 // Where the bytes of one receive() came from.
@@ -132,6 +134,8 @@ class channel {
   std::size_t readable();
   // True once the peer closed its write side and every byte was read.
   bool at_end();
+  // True once the peer closed its write side (bytes may still be unread).
+  bool peer_closed();
   // Copies up to `length` ready bytes out of the ring; `consume` false peeks.
   // Returns 0 when nothing is ready (see at_end() for end of stream).
   std::size_t read(void* data, std::size_t length, bool consume = true);

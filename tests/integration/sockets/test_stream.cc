@@ -1,0 +1,106 @@
+// integration.sockets.stream: a stream of gigabytes in both directions at
+// once between two processes, cut into random pieces (1 B .. 1 MiB) with mixed
+// read/readv/recv and write/writev/send, loses, doubles and reorders nothing:
+// every byte is checked against a pattern derived from its stream offset, and
+// both ends compare running checksums. Prints the throughput.
+#include <signal.h>
+
+#include <cinttypes>
+#include <cstdio>
+#include <sstream>
+
+#include "integration/sockets/support.h"
+
+namespace vmmc::test {
+namespace {
+
+// Bytes each way: vmmc gets the full size; the kernel oracle, which only has
+// to show the test is right, a smaller one to keep the run short.
+constexpr std::uint64_t vmmc_stream_bytes = std::uint64_t{2} << 30;
+constexpr std::uint64_t kernel_stream_bytes = std::uint64_t{256} << 20;
+
+// The stream must end within this (the peer's lifetime): 2 GiB each way
+// then needs at least 36 MB/s per direction, a tenth of kernel TCP here.
+constexpr auto stream_time_limit = 60s;
+
+constexpr std::uint64_t parent_to_child_seed = 0x5EED0001;
+constexpr std::uint64_t child_to_parent_seed = 0x5EED0002;
+
+std::uint64_t stream_bytes(const api& a) {
+  return a.vmmc ? vmmc_stream_bytes : kernel_stream_bytes;
+}
+
+// The other end: connects to port arg 0 and streams arg 1 bytes each way with
+// piece sizes from seed arg 2, then says
+// "result <sent> <received> <sent checksum> <received checksum>".
+const peer_role stream_peer("stream", [](peer_context& p) {
+  ::signal(SIGPIPE, SIG_IGN);
+  int fd = connect_loopback(p.io(), static_cast<int>(p.arg_int(0)));
+  if (fd < 0) {
+    p.fail(std::string("connect: ") + std::strerror(errno));
+    return 1;
+  }
+  stream_result r =
+      stream_both_ways(p.io(), fd, static_cast<std::uint64_t>(p.arg_int(1)), child_to_parent_seed,
+                       parent_to_child_seed, static_cast<std::uint64_t>(p.arg_int(2)),
+                       [&](const stream_result& done) {
+                         p.expect(check_accelerated(p.io(), fd));
+                         p.expect(check_counters(p.io(), fd, done.received, done.sent));
+                       });
+  if (!r.error.empty()) p.fail("child end: " + r.error);
+  p.say("result " + std::to_string(r.sent) + " " + std::to_string(r.received) + " " +
+        std::to_string(r.sent_checksum) + " " + std::to_string(r.received_checksum));
+  p.io().close(fd);
+  return r.error.empty() ? 0 : 1;
+});
+
+class Stream : public api_test {};
+
+TEST_P(Stream, GigabytesBothWaysAtOnceLoseAndReorderNothing) {
+  guard_.rearm(stream_time_limit + 30s);
+  auto old_sigpipe = ::signal(SIGPIPE, SIG_IGN);
+  const std::uint64_t bytes = stream_bytes(io());
+  int port = 0;
+  int listener = listen_loopback(io(), &port);
+  ASSERT_GE(listener, 0) << std::strerror(errno);
+  peer child("stream", io(), {std::to_string(port), std::to_string(bytes), "11"},
+             stream_time_limit);
+  int fd = accept_within(io(), listener);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  io().close(listener);
+
+  stream_result r =
+      stream_both_ways(io(), fd, bytes, parent_to_child_seed, child_to_parent_seed, 22,
+                       [&](const stream_result& done) {
+                         EXPECT_EQ(check_accelerated(io(), fd), "");
+                         EXPECT_EQ(check_counters(io(), fd, done.received, done.sent), "");
+                       });
+  double mb_per_s = static_cast<double>(r.received) / r.seconds / 1e6;
+  std::printf("[ stream   ] %s: %" PRIu64 " of %" PRIu64
+              " MiB each way in %.2f s: %.0f MB/s per direction\n",
+              io().name, r.received >> 20, bytes >> 20, r.seconds, mb_per_s);
+  RecordProperty("mb_per_s_each_way", std::to_string(static_cast<long>(mb_per_s)));
+  EXPECT_EQ(r.error, "") << "parent end";
+  EXPECT_EQ(r.sent, bytes);
+  EXPECT_EQ(r.received, bytes);
+
+  std::istringstream result(child.read_line(stream_time_limit));
+  std::string word;
+  std::uint64_t child_sent = 0, child_received = 0, child_sent_sum = 0, child_received_sum = 0;
+  result >> word >> child_sent >> child_received >> child_sent_sum >> child_received_sum;
+  if (word == "result") {
+    EXPECT_EQ(child_sent, bytes);
+    EXPECT_EQ(child_received, bytes);
+    EXPECT_EQ(r.received_checksum, child_sent_sum) << "child -> parent checksum";
+    EXPECT_EQ(r.sent_checksum, child_received_sum) << "parent -> child checksum";
+  }
+  EXPECT_EQ(child.wait(30s), 0) << "(" << 128 + SIGALRM << ": the stream outlasted its "
+                                << stream_time_limit.count() << " s limit)";
+  io().close(fd);
+  ::signal(SIGPIPE, old_sigpipe);
+}
+
+VMMC_INSTANTIATE_FOR_APIS(Stream);
+
+}  // namespace
+}  // namespace vmmc::test
