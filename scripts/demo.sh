@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The main demo: set up, then show VMMC between two processes: a ping-pong
-# over each path, and the core benchmark beside raw libfabric and memcpy.
+# over each path, the core benchmark beside raw libfabric and memcpy, and the
+# sockets benchmark beside kernel TCP.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -13,3 +14,7 @@ done
 echo "== vmmc-bench core --quick"
 build/tests/bench/vmmc-bench core --quick --provider all --json build/bench-core.json
 echo "(JSON written to build/bench-core.json)"
+echo
+echo "== vmmc-bench sockets --quick (ours vs kernel TCP loopback)"
+build/tests/bench/vmmc-bench sockets --quick --json build/bench-sockets.json
+echo "(JSON written to build/bench-sockets.json)"

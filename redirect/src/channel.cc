@@ -661,8 +661,10 @@ result<receive_result> channel::impl::complete_post(std::byte* data, std::size_t
       continue;  // the report is on its way
     }
     if (status s = wait_a_little(clock::time_point::max(), spin_until, sleep_reason::data); !s) {
-      if (!s.is(errc::peer_gone)) return s.error();
-      continue;  // withdrawing fails next round and the loop reports it
+      // Gone with the post open: whatever it placed is not a stream anyone
+      // can vouch for any more; ring bytes before the post are still read.
+      post_open = false;
+      return s.error();
     }
   }
 }
