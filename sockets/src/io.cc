@@ -184,8 +184,7 @@ ssize_t receive(stream& s, void* buffer, size_t length, int flags) {
       n = receive_channel(s, out + done, length - done, flags, no_wait || (later && !wait_all));
     }
     if (n < 0) {
-      if (later && (errno == EAGAIN || errno == EINTR)) break;
-      if (later) break;
+      if (later) break;  // report the bytes we have; the error comes again
       return -1;
     }
     if (n == 0) break;
