@@ -179,7 +179,7 @@ int setsockopt(int fd, int level, int name, const void* value, socklen_t length)
   int r = ::setsockopt(fd, level, name, value, length);
   if (r == 0 && level == SOL_SOCKET && (name == SO_RCVTIMEO || name == SO_SNDTIMEO)) {
     if (stream_ptr s = find(fd)) {
-      (name == SO_RCVTIMEO ? s->receive_timeout : s->send_timeout) = timeout_of(value, length);
+      (name == SO_RCVTIMEO ? s->receive_timeout : s->send_timeout).store(timeout_of(value, length));
     }
   }
   return r;

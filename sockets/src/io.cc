@@ -115,9 +115,9 @@ ssize_t receive_channel(stream& s, char* buffer, size_t length, int flags, bool 
   redirect::channel& ch = *s.chan;
   bool peek = flags & MSG_PEEK;
   if (no_wait || peek) {
-    auto deadline = s.receive_timeout == std::chrono::milliseconds::max()
+    auto deadline = s.receive_timeout.load() == std::chrono::milliseconds::max()
                         ? clock::time_point::max()
-                        : clock::now() + s.receive_timeout;
+                        : clock::now() + s.receive_timeout.load();
     // Bytes already written by the peer may still be in flight (fabric); wait
     // them out rather than report EAGAIN and sleep without a doorbell coming.
     auto in_flight_deadline = clock::now() + std::chrono::milliseconds(100);
@@ -134,7 +134,7 @@ ssize_t receive_channel(stream& s, char* buffer, size_t length, int flags, bool 
       if (!wait_readable(s, deadline)) return fail(EAGAIN);
     }
   }
-  auto got = ch.receive(buffer, length, flags & MSG_WAITALL, s.receive_timeout);
+  auto got = ch.receive(buffer, length, flags & MSG_WAITALL, s.receive_timeout.load());
   if (!got && got.is(errc::peer_gone)) return end_after_peer_gone(s);
   if (!got) return fail(errno_for(got.error()));
   return static_cast<ssize_t>(got->total());
@@ -150,9 +150,9 @@ ssize_t receive(stream& s, void* buffer, size_t length, int flags) {
     // Never read the kernel while undecided: a server's accept byte is
     // skipped by recv, and its hello would be taken for data. Wait for the
     // peer's first byte instead, which decides.
-    auto deadline = s.receive_timeout == std::chrono::milliseconds::max()
+    auto deadline = s.receive_timeout.load() == std::chrono::milliseconds::max()
                         ? clock::time_point::max()
-                        : clock::now() + s.receive_timeout;
+                        : clock::now() + s.receive_timeout.load();
     while (true) {
       try_decide(s, false);
       p = s.state.load();
@@ -233,7 +233,7 @@ ssize_t transmit(stream& s, const void* buffer, size_t length, int flags) {
     }
     return fail(EAGAIN);
   }
-  auto n = ch.write(buffer, length, true, s.send_timeout);
+  auto n = ch.write(buffer, length, true, s.send_timeout.load());
   if (!n) {
     if (n.is(errc::peer_gone) || n.is(errc::closed)) return broken_pipe(flags);
     return fail(errno_for(n.error()));

@@ -41,14 +41,15 @@ struct stream {
   explicit stream(int descriptor) : fd(descriptor) {}
 
   const int fd;
-  bool is_client = false;
+  std::atomic<bool> is_client{false};
   std::atomic<phase> state{phase::idle};
   std::atomic<bool> nonblocking{false};
-  std::chrono::milliseconds receive_timeout = std::chrono::milliseconds::max();
-  std::chrono::milliseconds send_timeout = std::chrono::milliseconds::max();
+  // SO_RCVTIMEO / SO_SNDTIMEO; max() means none (set from any thread).
+  std::atomic<std::chrono::milliseconds> receive_timeout{std::chrono::milliseconds::max()};
+  std::atomic<std::chrono::milliseconds> send_timeout{std::chrono::milliseconds::max()};
 
   std::mutex setup_mutex;  // phase changes and channel set-up
-  std::mutex read_mutex;   // one reader at a time (kernel sockets allow more; so do we)
+  std::mutex read_mutex;   // readers take turns (several may call, as with the kernel)
   std::mutex write_mutex;  // one writer at a time, and our hello's byte count
 
   std::unique_ptr<redirect::channel> chan;
