@@ -32,7 +32,9 @@ std::uint64_t load(const std::uint64_t& word) {
 void store(std::uint64_t& word, std::uint64_t value) {
   std::atomic_ref<std::uint64_t>(word).store(value, std::memory_order_release);
 }
-void full_fence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+void full_fence() {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
 
 // Export names must be unique per process and unguessable across processes:
 // a post names a buffer the peer may write into.
@@ -181,8 +183,8 @@ class channel::impl {
   };
   std::vector<buffer_export> buffer_exports;
 
-  std::atomic<std::uint64_t> bytes_sent{0}, bytes_received{0}, bytes_copied{0},
-      bytes_redirected{0}, posts{0}, doorbells{0};
+  std::atomic<std::uint64_t> bytes_sent{0}, bytes_received{0}, bytes_copied{0}, bytes_redirected{0},
+      posts{0}, doorbells{0};
 };
 
 // ------------------------------------------------------------------ set-up
@@ -193,9 +195,8 @@ status channel::impl::create_area() {
                          : static_cast<std::size_t>(core::setting_integer(settings::ring_bytes));
   if (want > max_ring_bytes) return errc::invalid_argument;
   ring_bytes = round_up_pow2(want);
-  post_min = options.post_min
-                 ? options.post_min
-                 : static_cast<std::size_t>(core::setting_integer(settings::post_min));
+  post_min = options.post_min ? options.post_min
+                              : static_cast<std::size_t>(core::setting_integer(settings::post_min));
   spin = std::chrono::microseconds(core::setting_integer(core::settings::spin_us));
 
   std::size_t header = (sizeof(area_header) + page - 1) / page * page;
@@ -239,9 +240,8 @@ status channel::impl::attach(const parsed_descriptor& peer_area) {
   if (!info) return info.error();
   std::uint64_t words[3] = {};
   if (status s = ctx.fetch(peer, 0, words, sizeof words); !s) return s;
-  if (words[0] != wire::area_magic || words[1] != peer_area.ring_bytes ||
-      words[2] % page != 0 || words[2] < sizeof(area_header) ||
-      info->length < words[2] + words[1])
+  if (words[0] != wire::area_magic || words[1] != peer_area.ring_bytes || words[2] % page != 0 ||
+      words[2] < sizeof(area_header) || info->length < words[2] + words[1])
     return errc::protocol_error;
   peer_ring_bytes = words[1];
   peer_ring_offset = words[2];
@@ -391,8 +391,8 @@ result<std::size_t> channel::impl::write(const std::byte* data, std::size_t leng
   return done;
 }
 
-result<std::size_t> channel::impl::write_wait(const std::byte* data, std::size_t length,
-                                              bool all, std::chrono::milliseconds timeout) {
+result<std::size_t> channel::impl::write_wait(const std::byte* data, std::size_t length, bool all,
+                                              std::chrono::milliseconds timeout) {
   auto deadline = timeout == std::chrono::milliseconds::max() ? clock::time_point::max()
                                                               : clock::now() + timeout;
   auto spin_until = clock::now() + spin;
@@ -467,8 +467,8 @@ bool channel::impl::at_end() {
 
 // Copies ring bytes (never more than have arrived) and releases them.
 std::size_t channel::impl::copy_out(std::byte* data, std::size_t length, bool consume) {
-  std::size_t n = std::min<std::size_t>(length, static_cast<std::size_t>(
-                                                    load(area->produced) - stream_read));
+  std::size_t n =
+      std::min<std::size_t>(length, static_cast<std::size_t>(load(area->produced) - stream_read));
   if (n == 0) return 0;
   if (!consume) {
     std::size_t at = static_cast<std::size_t>(ring_read & (ring_bytes - 1));
@@ -530,7 +530,9 @@ bool channel::impl::prepare_sleep(sleep_reason reason) {
 }
 
 // The peer process died, or its end was destroyed (its area withdrawn).
-bool channel::impl::gone() { return attached && !ctx.describe(peer); }
+bool channel::impl::gone() {
+  return attached && !ctx.describe(peer);
+}
 
 // Waits a bounded slice: busy-polls until `spin_until`, then sleeps on the
 // doorbell (or naps when the user gave no doorbell) with the arming protocol.
@@ -550,8 +552,9 @@ status channel::impl::wait_a_little(clock::time_point deadline, clock::time_poin
   }
   auto slice = std::min<clock::duration>(deadline - now, std::chrono::milliseconds(100));
   if (options.await_doorbell) {
-    options.await_doorbell([&] { return prepare_sleep(reason); },
-                           static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(slice).count()));
+    options.await_doorbell(
+        [&] { return prepare_sleep(reason); },
+        static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(slice).count()));
   } else if (prepare_sleep(reason)) {
     std::this_thread::sleep_for(std::min<clock::duration>(slice, std::chrono::microseconds(200)));
   }
@@ -560,8 +563,9 @@ status channel::impl::wait_a_little(clock::time_point deadline, clock::time_poin
 }
 
 status channel::impl::post_buffer(std::byte* data, std::size_t length) {
-  auto it = std::find_if(buffer_exports.begin(), buffer_exports.end(),
-                         [&](const buffer_export& b) { return b.base == data && b.length == length; });
+  auto it = std::find_if(buffer_exports.begin(), buffer_exports.end(), [&](const buffer_export& b) {
+    return b.base == data && b.length == length;
+  });
   std::string name;
   if (it != buffer_exports.end()) {
     name = it->name;
@@ -669,8 +673,8 @@ result<receive_result> channel::impl::complete_post(std::byte* data, std::size_t
   }
 }
 
-result<receive_result> channel::impl::receive(std::byte* data, std::size_t length,
-                                              bool wait_all, std::chrono::milliseconds timeout) {
+result<receive_result> channel::impl::receive(std::byte* data, std::size_t length, bool wait_all,
+                                              std::chrono::milliseconds timeout) {
   auto deadline = timeout == std::chrono::milliseconds::max() ? clock::time_point::max()
                                                               : clock::now() + timeout;
   auto spin_until = clock::now() + spin;
@@ -721,8 +725,7 @@ result<channel> channel::create(core::context& ctx, channel_options options) {
 }
 
 std::string channel::descriptor() const {
-  return impl_->area_name + "#" + std::to_string(impl_->ring_bytes) + "#" +
-         impl_->ctx.address();
+  return impl_->area_name + "#" + std::to_string(impl_->ring_bytes) + "#" + impl_->ctx.address();
 }
 
 status channel::connect(std::string_view peer_descriptor, std::string_view user_hello) {
@@ -748,8 +751,12 @@ result<std::string> channel::accept_peer(std::string_view user_hello) {
   return theirs;
 }
 
-result<std::string> channel::peer_hello() { return impl_->read_hello(); }
-bool channel::connected() const noexcept { return impl_->attached; }
+result<std::string> channel::peer_hello() {
+  return impl_->read_hello();
+}
+bool channel::connected() const noexcept {
+  return impl_->attached;
+}
 
 result<std::size_t> channel::write(const void* data, std::size_t length) {
   return impl_->write(static_cast<const std::byte*>(data), length);
@@ -758,10 +765,18 @@ result<std::size_t> channel::write(const void* data, std::size_t length, bool al
                                    std::chrono::milliseconds timeout) {
   return impl_->write_wait(static_cast<const std::byte*>(data), length, all, timeout);
 }
-status channel::close_write() { return impl_->close_write(); }
-std::size_t channel::readable() { return impl_->readable(); }
-bool channel::at_end() { return impl_->at_end(); }
-bool channel::peer_closed() { return load(impl_->area->fin) != 0; }
+status channel::close_write() {
+  return impl_->close_write();
+}
+std::size_t channel::readable() {
+  return impl_->readable();
+}
+bool channel::at_end() {
+  return impl_->at_end();
+}
+bool channel::peer_closed() {
+  return load(impl_->area->fin) != 0;
+}
 std::size_t channel::read(void* data, std::size_t length, bool consume) {
   impl_->progress();
   if (impl_->post_open) return 0;
@@ -771,18 +786,30 @@ result<receive_result> channel::receive(void* data, std::size_t length, bool wai
                                         std::chrono::milliseconds timeout) {
   return impl_->receive(static_cast<std::byte*>(data), length, wait_all, timeout);
 }
-bool channel::poll() { return impl_->poll(); }
-bool channel::prepare_sleep(sleep_reason reason) { return impl_->prepare_sleep(reason); }
-std::size_t channel::writable() { return impl_->writable(); }
-std::uint64_t channel::activity() { return impl_->activity(); }
-bool channel::peer_gone() { return impl_->gone(); }
+bool channel::poll() {
+  return impl_->poll();
+}
+bool channel::prepare_sleep(sleep_reason reason) {
+  return impl_->prepare_sleep(reason);
+}
+std::size_t channel::writable() {
+  return impl_->writable();
+}
+std::uint64_t channel::activity() {
+  return impl_->activity();
+}
+bool channel::peer_gone() {
+  return impl_->gone();
+}
 
 channel_counters channel::stats() const {
   const impl& i = *impl_;
-  return {i.bytes_sent.load(), i.bytes_received.load(), i.bytes_copied.load(),
-          i.bytes_redirected.load(), i.posts.load(), i.doorbells.load()};
+  return {i.bytes_sent.load(),       i.bytes_received.load(), i.bytes_copied.load(),
+          i.bytes_redirected.load(), i.posts.load(),          i.doorbells.load()};
 }
 
-std::string channel::path() const { return impl_->attached ? impl_->path_name : std::string(); }
+std::string channel::path() const {
+  return impl_->attached ? impl_->path_name : std::string();
+}
 
 }  // namespace vmmc::redirect

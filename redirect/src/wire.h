@@ -17,7 +17,7 @@
 namespace vmmc::redirect::wire {
 
 inline constexpr std::uint64_t area_magic = 0x3176'6552'636d'6d76ull;  // "vmmcRev1"
-inline constexpr std::size_t name_max = 48;      // export names in posts
+inline constexpr std::size_t name_max = 48;                            // export names in posts
 inline constexpr std::size_t user_hello_max = 64;
 inline constexpr std::size_t descriptor_max = 3072;
 
@@ -56,22 +56,22 @@ struct alignas(64) area_header {
   std::uint64_t ring_offset;
 
   // --- O writes (P fetches): O's side of the sleep checks ----------------
-  alignas(64) std::uint64_t own_sent;       // stream bytes O issued toward P
-  std::uint64_t own_consumed;               // ring bytes of P's data O consumed
-  std::uint64_t own_post_seen;              // last post id of P that O took up
+  alignas(64) std::uint64_t own_sent;  // stream bytes O issued toward P
+  std::uint64_t own_consumed;          // ring bytes of P's data O consumed
+  std::uint64_t own_post_seen;         // last post id of P that O took up
 
   // --- P writes: the P -> O stream --------------------------------------
-  alignas(64) std::uint64_t produced;       // stream bytes of P complete in O's memory
-  std::uint64_t fin;                        // 1 + P's stream length once P closed writing
-  std::uint64_t space_armed;                // epoch: P sleeps until O frees ring space
-  report post_report;                       // about O's post
+  alignas(64) std::uint64_t produced;  // stream bytes of P complete in O's memory
+  std::uint64_t fin;                   // 1 + P's stream length once P closed writing
+  std::uint64_t space_armed;           // epoch: P sleeps until O frees ring space
+  report post_report;                  // about O's post
   // --- P writes: about the O -> P stream --------------------------------
-  alignas(64) std::uint64_t credit;         // ring bytes of O's data P consumed
-  std::uint64_t data_armed;                 // epoch: P sleeps until O sends
-  std::uint64_t withdrawn;                  // highest post id of P that P withdrew
-  post open_post;                           // P's post for O's next bytes
+  alignas(64) std::uint64_t credit;  // ring bytes of O's data P consumed
+  std::uint64_t data_armed;          // epoch: P sleeps until O sends
+  std::uint64_t withdrawn;           // highest post id of P that P withdrew
+  post open_post;                    // P's post for O's next bytes
 
-  alignas(64) hello peer_hello;             // P's hello
+  alignas(64) hello peer_hello;  // P's hello
 };
 
 static_assert(sizeof(area_header) % 64 == 0);

@@ -87,8 +87,12 @@ int socket(int domain, int type, int protocol) {
   return fd;
 }
 
-int bind(int fd, const sockaddr* address, socklen_t length) { return ::bind(fd, address, length); }
-int listen(int fd, int backlog) { return ::listen(fd, backlog); }
+int bind(int fd, const sockaddr* address, socklen_t length) {
+  return ::bind(fd, address, length);
+}
+int listen(int fd, int backlog) {
+  return ::listen(fd, backlog);
+}
 
 int accept4(int fd, sockaddr* address, socklen_t* length, int flags) {
   int client = ::accept4(fd, address, length, flags);

@@ -11,8 +11,8 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
-#include <string>
 #include <functional>
+#include <string>
 #include <thread>
 
 #include "sockets.h"
@@ -105,8 +105,7 @@ void accept_offer(stream& s) {
   std::string message(reinterpret_cast<const char*>(&frame), sizeof frame);
   message += descriptor;
   unsigned char accept = wire::accept_byte;
-  if (!send_all(s.fd, &accept, 1, MSG_OOB) ||
-      !send_all(s.fd, message.data(), message.size(), 0)) {
+  if (!send_all(s.fd, &accept, 1, MSG_OOB) || !send_all(s.fd, message.data(), message.size(), 0)) {
     // The connection is broken; kernel calls will report it.
     return become_plain(s, "could not send the hello");
   }
@@ -217,8 +216,8 @@ void drain_doorbells(stream& s) {
 void discard_protocol_bytes(stream& s) {
   phase p = s.state.load();
   if (p != phase::upgraded && p != phase::undecided) return;
-  bool raw_done = s.in_switched.load() || (p == phase::upgraded && learn_peer_raw(s) &&
-                                           s.tcp_in.load() == *s.peer_raw);
+  bool raw_done = s.in_switched.load() ||
+                  (p == phase::upgraded && learn_peer_raw(s) && s.tcp_in.load() == *s.peer_raw);
   char scratch[4096];
   if (!raw_done) {
     // An urgent byte at the head: the peer's offer, or its accept and hello.

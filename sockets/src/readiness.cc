@@ -130,8 +130,9 @@ int ppoll(pollfd* fds, nfds_t count, const timespec* timeout, const sigset_t* ma
   for (nfds_t i = 0; i < count && !ours; ++i)
     if (stream_ptr s = fds[i].fd >= 0 ? find(fds[i].fd) : nullptr) ours = needs_us(s);
   if (!ours) return ::ppoll(fds, count, timeout, mask);
-  int ms = timeout ? static_cast<int>(timeout->tv_sec * 1000 + (timeout->tv_nsec + 999999) / 1000000)
-                   : -1;
+  int ms = timeout
+               ? static_cast<int>(timeout->tv_sec * 1000 + (timeout->tv_nsec + 999999) / 1000000)
+               : -1;
   // Not atomic with respect to the mask, unlike the kernel's ppoll.
   sigset_t saved;
   if (mask) ::pthread_sigmask(SIG_SETMASK, mask, &saved);
@@ -201,7 +202,8 @@ bool any_of_ours(int nfds, fd_set* a, fd_set* b, fd_set* c) {
 int select(int nfds, fd_set* readable, fd_set* writable, fd_set* exceptional, timeval* timeout) {
   if (!any_of_ours(nfds, readable, writable, exceptional))
     return ::select(nfds, readable, writable, exceptional, timeout);
-  int ms = timeout ? static_cast<int>(timeout->tv_sec * 1000 + (timeout->tv_usec + 999) / 1000) : -1;
+  int ms =
+      timeout ? static_cast<int>(timeout->tv_sec * 1000 + (timeout->tv_usec + 999) / 1000) : -1;
   return select_through_poll(nfds, readable, writable, exceptional, ms, nullptr);
 }
 
@@ -209,8 +211,9 @@ int pselect(int nfds, fd_set* readable, fd_set* writable, fd_set* exceptional,
             const timespec* timeout, const sigset_t* mask) {
   if (!any_of_ours(nfds, readable, writable, exceptional))
     return ::pselect(nfds, readable, writable, exceptional, timeout, mask);
-  int ms = timeout ? static_cast<int>(timeout->tv_sec * 1000 + (timeout->tv_nsec + 999999) / 1000000)
-                   : -1;
+  int ms = timeout
+               ? static_cast<int>(timeout->tv_sec * 1000 + (timeout->tv_nsec + 999999) / 1000000)
+               : -1;
   return select_through_poll(nfds, readable, writable, exceptional, ms, mask);
 }
 
@@ -316,7 +319,8 @@ int collect(int epfd, epoll_set& set, epoll_event* events, int max_events, int t
     auto it = set.members.find(fd);
     if (it == set.members.end()) continue;
     reported.insert(fd);
-    if (std::uint32_t ev = member_events(epfd, fd, it->second, kernel[i].events)) emit(it->second, ev);
+    if (std::uint32_t ev = member_events(epfd, fd, it->second, kernel[i].events))
+      emit(it->second, ev);
   }
   for (auto& [fd, in] : set.members) {
     if (n >= max_events) break;
@@ -365,8 +369,12 @@ void detail::forget_epoll_set(int fd) {
   r.sets.erase(fd);
 }
 
-int epoll_create(int size) { return track_set(::epoll_create(size)); }
-int epoll_create1(int flags) { return track_set(::epoll_create1(flags)); }
+int epoll_create(int size) {
+  return track_set(::epoll_create(size));
+}
+int epoll_create1(int flags) {
+  return track_set(::epoll_create1(flags));
+}
 
 int epoll_ctl(int epfd, int op, int fd, epoll_event* event) {
   auto set = find_set(epfd);

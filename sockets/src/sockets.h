@@ -10,8 +10,8 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <functional>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -53,7 +53,7 @@ struct stream {
   std::mutex write_mutex;  // one writer at a time, and our hello's byte count
 
   std::unique_ptr<redirect::channel> chan;
-  std::string peer_descriptor;             // client: the server's channel, from its hello frame
+  std::string peer_descriptor;               // client: the server's channel, from its hello frame
   std::atomic<bool> peer_hello_seen{false};  // server: the client's channel hello arrived
   // Outgoing: raw bytes we wrote on TCP before our channel hello (N_self);
   // out_switched once the hello is placed: writes go to the channel.
@@ -69,7 +69,7 @@ struct stream {
   std::atomic<bool> write_shut{false}, read_shut{false};
   std::atomic<bool> tcp_eof{false};    // the peer's TCP side ended (FIN or reset)
   std::atomic<bool> tcp_reset{false};  // ... by a reset
-  std::atomic<int> pending_error{0};  // an error to report on the next call (errno)
+  std::atomic<int> pending_error{0};   // an error to report on the next call (errno)
   std::atomic<std::uint64_t> doorbells_in{0};
   // Sleeping on the doorbell (handshake.cc, sleep_on_doorbell).
   std::mutex sleep_mutex;
@@ -96,13 +96,13 @@ bool in_forked_child();
 void log(int level, const char* format, ...) __attribute__((format(printf, 2, 3)));
 
 // --- handshake.cc
-void send_offer(stream& s);            // client: right after the connection is up
-bool check_connected(stream& s);       // connecting -> undecided once connected
+void send_offer(stream& s);       // client: right after the connection is up
+bool check_connected(stream& s);  // connecting -> undecided once connected
 void try_decide(stream& s, bool wait_for_first_byte);
-bool peer_ready(stream& s);           // our channel hello may be placed now
-void advance_upgrade(stream& s);      // places it unless a writer is busy (it will)
-void place_hello_locked(stream& s);   // with write_mutex held
-bool learn_peer_raw(stream& s);       // true once the peer's N is known
+bool peer_ready(stream& s);          // our channel hello may be placed now
+void advance_upgrade(stream& s);     // places it unless a writer is busy (it will)
+void place_hello_locked(stream& s);  // with write_mutex held
+bool learn_peer_raw(stream& s);      // true once the peer's N is known
 void ring_doorbell(stream& s);
 void sleep_on_doorbell(stream& s, const std::function<bool()>& arm, int timeout_ms);
 void discard_protocol_bytes(stream& s);  // before close: FIN, not reset

@@ -55,7 +55,8 @@ stream_ptr adopt(int fd, bool is_client) {
   s->is_client = is_client;
   auto& t = table();
   std::unique_lock lock(t.mutex);
-  if (static_cast<std::size_t>(fd) >= t.slots.size()) t.slots.resize(static_cast<std::size_t>(fd) * 2 + 64);
+  if (static_cast<std::size_t>(fd) >= t.slots.size())
+    t.slots.resize(static_cast<std::size_t>(fd) * 2 + 64);
   t.slots[static_cast<std::size_t>(fd)] = s;
   return s;
 }
@@ -85,7 +86,9 @@ std::unique_ptr<core::context>& context_slot() {
 // before libfabric's own teardown), so peers see an orderly end and no
 // shared-memory file is left behind.
 std::atomic<bool> forked{false};
-void note_fork_in_child() { forked.store(true); }
+void note_fork_in_child() {
+  forked.store(true);
+}
 
 void close_everything() {
   if (forked.load()) return;  // the context's threads stayed in the parent
@@ -116,7 +119,9 @@ core::context* process_context() {
   return forked.load() ? nullptr : context_slot().get();
 }
 
-bool in_forked_child() { return forked.load(std::memory_order_relaxed); }
+bool in_forked_child() {
+  return forked.load(std::memory_order_relaxed);
+}
 
 void log(int level, const char* format, ...) {
   static const int wanted = static_cast<int>(core::setting_integer(settings::log_level));

@@ -90,8 +90,8 @@ struct socket_info {
   bool accelerated;  // both directions run over VMMC
   bool plain;        // decided: the peer is a plain TCP program (or set-up failed)
   std::string path;  // "mapped", "fabric:<provider>", or "tcp"
-  std::uint64_t tcp_bytes_in, tcp_bytes_out;  // application bytes that went over TCP
-  std::uint64_t bytes_in, bytes_out;          // application bytes over VMMC
+  std::uint64_t tcp_bytes_in, tcp_bytes_out;     // application bytes that went over TCP
+  std::uint64_t bytes_in, bytes_out;             // application bytes over VMMC
   std::uint64_t bytes_copied, bytes_redirected;  // how received VMMC bytes were placed
   std::uint64_t doorbells_in, doorbells_out;
 };
