@@ -214,9 +214,7 @@ int ioctl(int fd, unsigned long request, void* argument) {
     if (s->state.load() == phase::undecided) try_decide(*s, false);
     if (s->state.load() == phase::upgraded) {
       int* count = static_cast<int*>(argument);
-      if (!s->in_switched.load() && learn_peer_raw(*s) && s->tcp_in.load() == *s->peer_raw)
-        s->in_switched.store(true);
-      if (s->in_switched.load()) {
+      if (raw_prefix_done(*s)) {
         *count = static_cast<int>(std::min<size_t>(s->chan->readable(), INT32_MAX));
         return 0;
       }

@@ -216,8 +216,7 @@ void drain_doorbells(stream& s) {
 void discard_protocol_bytes(stream& s) {
   phase p = s.state.load();
   if (p != phase::upgraded && p != phase::undecided) return;
-  bool raw_done = s.in_switched.load() ||
-                  (p == phase::upgraded && learn_peer_raw(s) && s.tcp_in.load() == *s.peer_raw);
+  bool raw_done = p == phase::upgraded && raw_prefix_done(s);
   char scratch[4096];
   if (!raw_done) {
     // An urgent byte at the head: the peer's offer, or its accept and hello.

@@ -40,6 +40,21 @@ bool wants_no_wait(const stream& s, int flags) {
   return (flags & MSG_DONTWAIT) || s.nonblocking.load(std::memory_order_relaxed);
 }
 
+// When a read with SO_RCVTIMEO gives up; never without one.
+clock::time_point receive_deadline(const stream& s) {
+  auto timeout = s.receive_timeout.load();
+  return timeout == std::chrono::milliseconds::max() ? clock::time_point::max()
+                                                     : clock::now() + timeout;
+}
+
+// The peer's raw prefix is all read: TCP carries doorbells from here on.
+ssize_t switch_in(stream& s) {
+  s.in_switched.store(true);
+  drain_doorbells(s);
+  advance_upgrade(s);  // reading the channel goes best once we reach the peer too
+  return switched;
+}
+
 // The incoming direction before the switch. Bytes past the peer's N are
 // doorbells: they are only ever sent after the N they follow is visible in
 // our area, so reading first and looking for N afterwards splits correctly.
@@ -47,12 +62,7 @@ ssize_t receive_raw(stream& s, char* buffer, size_t length, int flags, bool no_w
   bool peek = flags & MSG_PEEK;
   if (learn_peer_raw(s)) {
     std::uint64_t remaining = *s.peer_raw - s.tcp_in;
-    if (remaining == 0) {
-      s.in_switched.store(true);
-      drain_doorbells(s);
-      advance_upgrade(s);  // reading the channel goes best once we reach the peer too
-      return switched;
-    }
+    if (remaining == 0) return switch_in(s);
     length = static_cast<size_t>(std::min<std::uint64_t>(length, remaining));
   }
   int kernel_flags = (peek ? MSG_PEEK : 0) | (no_wait ? MSG_DONTWAIT : 0);
@@ -64,12 +74,7 @@ ssize_t receive_raw(stream& s, char* buffer, size_t length, int flags, bool no_w
       if (!peek) s.doorbells_in.fetch_add(static_cast<std::uint64_t>(n) - remaining);
       n = static_cast<ssize_t>(remaining);
     }
-    if (n == 0 && remaining == 0) {
-      s.in_switched.store(true);
-      drain_doorbells(s);
-      advance_upgrade(s);
-      return switched;
-    }
+    if (n == 0 && remaining == 0) return switch_in(s);
   }
   if (n > 0 && !peek) s.tcp_in += static_cast<std::uint64_t>(n);
   return n;
@@ -115,9 +120,7 @@ ssize_t receive_channel(stream& s, char* buffer, size_t length, int flags, bool 
   redirect::channel& ch = *s.chan;
   bool peek = flags & MSG_PEEK;
   if (no_wait || peek) {
-    auto deadline = s.receive_timeout.load() == std::chrono::milliseconds::max()
-                        ? clock::time_point::max()
-                        : clock::now() + s.receive_timeout.load();
+    auto deadline = receive_deadline(s);
     // Bytes already written by the peer may still be in flight (fabric); wait
     // them out rather than report EAGAIN and sleep without a doorbell coming.
     auto in_flight_deadline = clock::now() + std::chrono::milliseconds(100);
@@ -150,9 +153,7 @@ ssize_t receive(stream& s, void* buffer, size_t length, int flags) {
     // Never read the kernel while undecided: a server's accept byte is
     // skipped by recv, and its hello would be taken for data. Wait for the
     // peer's first byte instead, which decides.
-    auto deadline = s.receive_timeout.load() == std::chrono::milliseconds::max()
-                        ? clock::time_point::max()
-                        : clock::now() + s.receive_timeout.load();
+    auto deadline = receive_deadline(s);
     while (true) {
       try_decide(s, false);
       p = s.state.load();
@@ -241,6 +242,13 @@ ssize_t transmit(stream& s, const void* buffer, size_t length, int flags) {
   return static_cast<ssize_t>(*n);
 }
 
+bool raw_prefix_done(stream& s) {
+  if (s.in_switched.load()) return true;
+  // A concurrent reader finds no raw byte left either: safe without its lock.
+  if (learn_peer_raw(s) && s.tcp_in.load() == *s.peer_raw) s.in_switched.store(true);
+  return s.in_switched.load();
+}
+
 short ready_events(stream& s, short wanted, short kernel_events) {
   phase p = s.state.load();
   if (p == phase::connecting) {
@@ -263,12 +271,8 @@ short ready_events(stream& s, short wanted, short kernel_events) {
   if (!s.in_switched.load()) out |= kernel_events & POLLRDHUP;
   if (s.chan->peer_closed()) out |= POLLRDHUP;
   redirect::channel& ch = *s.chan;
-  if (!s.in_switched.load() && learn_peer_raw(s) && s.tcp_in == *s.peer_raw) {
-    std::unique_lock lock(s.read_mutex, std::try_to_lock);
-    if (lock && !s.in_switched.load()) s.in_switched.store(true);
-  }
   if (wanted & (POLLIN | POLLRDNORM)) {
-    if (!s.in_switched.load()) {
+    if (!raw_prefix_done(s)) {
       out |= kernel_events & (POLLIN | POLLRDNORM);
     } else {
       if (kernel_events & (POLLIN | POLLRDNORM)) drain_doorbells(s);

@@ -261,6 +261,11 @@ int track_set(int epfd) {
   return epfd;
 }
 
+// Changes whenever something new arrived for the stream (edge-triggered).
+std::uint64_t activity_of(const stream& s) {
+  return s.chan ? s.chan->activity() + s.doorbells_in.load() : 0;
+}
+
 std::uint32_t kernel_events_for(stream* s, std::uint32_t user_events) {
   if (!s) return user_events;
   std::uint32_t e = (user_events & ~EPOLLONESHOT) | EPOLLIN;
@@ -289,7 +294,7 @@ std::uint32_t member_events(int epfd, int fd, interest& in, std::uint32_t kev) {
   if (wanted & EPOLLET) {
     // Edge-triggered: a stream is reported again only when something new
     // came, from the kernel or through its channel.
-    std::uint64_t activity = s->chan ? s->chan->activity() + s->doorbells_in.load() : 0;
+    std::uint64_t activity = activity_of(*s);
     if (kev == 0 && activity == in.reported_activity) return 0;
     in.reported_activity = activity;
   }
@@ -341,7 +346,7 @@ bool any_stream_ready(epoll_set& set) {
     auto wanted = static_cast<short>(in.user.events & 0xffff);
     if (ready_events(*s, wanted, 0) & wanted) {
       if (!(in.user.events & EPOLLET)) return true;
-      std::uint64_t activity = s->chan ? s->chan->activity() + s->doorbells_in.load() : 0;
+      std::uint64_t activity = activity_of(*s);
       if (activity != in.reported_activity) return true;
     }
   }

@@ -112,6 +112,9 @@ void drain_doorbells(stream& s);
 void forget_epoll_set(int fd);
 
 // --- io.cc
+// True once every raw byte the peer sent before its switch has been read
+// (then marks the stream switched in).
+bool raw_prefix_done(stream& s);
 ssize_t receive(stream& s, void* buffer, size_t length, int flags);
 ssize_t transmit(stream& s, const void* buffer, size_t length, int flags);
 // What poll should report for `s`, given what the kernel reported for its
