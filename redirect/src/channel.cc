@@ -51,6 +51,18 @@ std::string unique_name(const char* kind) {
   return prefix + kind + std::to_string(counter.fetch_add(1) + 1);
 }
 
+// Copies go through a ring in slices published (or credited) one at a
+// time, so the other side works on one slice while we copy the next.
+std::size_t slice_of(std::size_t ring_bytes) {
+  return std::max<std::size_t>(ring_bytes / 8, 16 * 1024);
+}
+
+// A deadline `timeout` from now; max() means none.
+clock::time_point deadline_after(std::chrono::milliseconds timeout) {
+  return timeout == std::chrono::milliseconds::max() ? clock::time_point::max()
+                                                     : clock::now() + timeout;
+}
+
 std::size_t round_up_pow2(std::size_t n) {
   std::size_t p = page;
   while (p < n) p <<= 1;
@@ -103,6 +115,13 @@ class channel::impl {
 
   std::size_t readable();
   std::size_t copy_out(std::byte* data, std::size_t length, bool consume);
+  // Copies `n` bytes starting at ring position `at`, across the wrap.
+  void copy_from_ring(std::uint64_t at, std::byte* data, std::size_t n) const {
+    std::size_t i = static_cast<std::size_t>(at & (ring_bytes - 1));
+    std::size_t first = std::min(n, ring_bytes - i);
+    std::memcpy(data, ring + i, first);
+    if (first < n) std::memcpy(data + first, ring, n - first);
+  }
   void return_credit();
   result<receive_result> receive(std::byte* data, std::size_t length, bool wait_all,
                                  std::chrono::milliseconds timeout);
@@ -357,7 +376,7 @@ result<std::size_t> channel::impl::write(const std::byte* data, std::size_t leng
     if (granted > credit) credit = granted;
     std::size_t space = static_cast<std::size_t>(peer_ring_bytes - (ring_written - credit));
     // Published a slice at a time, so the receiver copies out while we copy in.
-    std::size_t slice = std::max<std::size_t>(peer_ring_bytes / 8, 16 * 1024);
+    std::size_t slice = slice_of(peer_ring_bytes);
     std::size_t n = std::min(length - done, space);
     for (std::size_t end = done + n; done < end;) {
       std::size_t piece = std::min(end - done, slice);
@@ -393,8 +412,7 @@ result<std::size_t> channel::impl::write(const std::byte* data, std::size_t leng
 
 result<std::size_t> channel::impl::write_wait(const std::byte* data, std::size_t length, bool all,
                                               std::chrono::milliseconds timeout) {
-  auto deadline = timeout == std::chrono::milliseconds::max() ? clock::time_point::max()
-                                                              : clock::now() + timeout;
+  auto deadline = deadline_after(timeout);
   auto spin_until = clock::now() + spin;
   std::size_t done = 0;
   while (done < length) {
@@ -471,18 +489,13 @@ std::size_t channel::impl::copy_out(std::byte* data, std::size_t length, bool co
       std::min<std::size_t>(length, static_cast<std::size_t>(load(area->produced) - stream_read));
   if (n == 0) return 0;
   if (!consume) {
-    std::size_t at = static_cast<std::size_t>(ring_read & (ring_bytes - 1));
-    std::size_t first = std::min(n, ring_bytes - at);
-    std::memcpy(data, ring + at, first);
-    if (first < n) std::memcpy(data + first, ring, n - first);
+    copy_from_ring(ring_read, data, n);
     return n;
   }
   // A slice at a time, crediting as we go, so the sender refills meanwhile.
-  std::size_t slice = std::max<std::size_t>(ring_bytes / 8, 16 * 1024);
   for (std::size_t done = 0; done < n;) {
-    std::size_t at = static_cast<std::size_t>(ring_read & (ring_bytes - 1));
-    std::size_t piece = std::min({n - done, ring_bytes - at, slice});
-    std::memcpy(data + done, ring + at, piece);
+    std::size_t piece = std::min(n - done, slice_of(ring_bytes));
+    copy_from_ring(ring_read, data + done, piece);
     done += piece;
     stream_read += piece;
     ring_read += piece;
@@ -534,16 +547,14 @@ bool channel::impl::gone() {
   return attached && !ctx.describe(peer);
 }
 
-// Waits a bounded slice: busy-polls until `spin_until`, then sleeps on the
-// doorbell (or naps when the user gave no doorbell) with the arming protocol.
+// Waits a bounded slice: returns at once until `spin_until` (the caller's
+// loop busy-polls, driving progress), then sleeps on the doorbell (or naps
+// when the user gave no doorbell) with the arming protocol.
 status channel::impl::wait_a_little(clock::time_point deadline, clock::time_point& spin_until,
                                     sleep_reason reason) {
   auto now = clock::now();
   if (now >= deadline) return errc::timed_out;
-  if (now < spin_until) {
-    progress();
-    return {};
-  }
+  if (now < spin_until) return {};  // every caller's loop drives progress
   if (gone()) return errc::peer_gone;
   if (!attached) {
     // Cannot arm a doorbell before we reach the peer's area: nap instead.
@@ -675,8 +686,7 @@ result<receive_result> channel::impl::complete_post(std::byte* data, std::size_t
 
 result<receive_result> channel::impl::receive(std::byte* data, std::size_t length, bool wait_all,
                                               std::chrono::milliseconds timeout) {
-  auto deadline = timeout == std::chrono::milliseconds::max() ? clock::time_point::max()
-                                                              : clock::now() + timeout;
+  auto deadline = deadline_after(timeout);
   auto spin_until = clock::now() + spin;
   receive_result total;
   while (total.total() < length) {
