@@ -375,12 +375,13 @@ bool write_all(const api& a, int fd, const void* data, std::size_t length, int f
   return true;
 }
 
-ssize_t read_full(const api& a, int fd, void* data, std::size_t length,
-                  std::chrono::milliseconds timeout) {
-  auto* p = static_cast<unsigned char*>(data);
-  std::size_t done = 0;
-  while (done < length) {
-    ssize_t n = a.read(fd, p + done, length - done);
+namespace {
+// One read that waits (up to `timeout`) while a non-blocking descriptor has
+// nothing: bytes read, 0 at EOF, or -1 (errno ETIMEDOUT after the wait).
+ssize_t read_waiting(const api& a, int fd, void* data, std::size_t length,
+                     std::chrono::milliseconds timeout) {
+  for (;;) {
+    ssize_t n = a.read(fd, data, length);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && errno == EAGAIN) {
       if (wait_ready(a, fd, POLLIN, timeout) == 0) {
@@ -389,6 +390,17 @@ ssize_t read_full(const api& a, int fd, void* data, std::size_t length,
       }
       continue;
     }
+    return n;
+  }
+}
+}  // namespace
+
+ssize_t read_full(const api& a, int fd, void* data, std::size_t length,
+                  std::chrono::milliseconds timeout) {
+  auto* p = static_cast<unsigned char*>(data);
+  std::size_t done = 0;
+  while (done < length) {
+    ssize_t n = read_waiting(a, fd, p + done, length - done, timeout);
     if (n < 0) return -1;
     if (n == 0) break;
     done += static_cast<std::size_t>(n);
@@ -400,15 +412,7 @@ ssize_t read_to_eof(const api& a, int fd, std::string& out, std::size_t limit,
                     std::chrono::milliseconds timeout) {
   char chunk[65536];
   while (out.size() < limit) {
-    ssize_t n = a.read(fd, chunk, std::min(sizeof chunk, limit - out.size()));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && errno == EAGAIN) {
-      if (wait_ready(a, fd, POLLIN, timeout) == 0) {
-        errno = ETIMEDOUT;
-        return -1;
-      }
-      continue;
-    }
+    ssize_t n = read_waiting(a, fd, chunk, std::min(sizeof chunk, limit - out.size()), timeout);
     if (n < 0) return -1;
     if (n == 0) break;
     out.append(chunk, static_cast<std::size_t>(n));
