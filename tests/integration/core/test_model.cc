@@ -388,11 +388,19 @@ TEST_P(Model, ConcurrentSendersToOneExport) {
 TEST_P(Model, ZeroCopySendsHitTheRegistrationCache) {
   if (GetParam().mappable) GTEST_SKIP() << "the mapped path copies at user level: no registration";
   guarded_region region(exporter(), 1 << 20, false);
-  auto h = export_and_import(region, "utlb");
+  core::export_options o;
+  o.allowed = rights::read_write;  // the bytes are read back below
+  auto h = export_and_import(region, "utlb", o);
   std::vector<std::byte> source(1 << 20, std::byte{3});
   const core::counters before = importer().stats();
   for (int i = 0; i < 4; ++i) ASSERT_TRUE(importer().send(h, 0, source.data(), source.size()).ok());
   const core::counters after = importer().stats();
+  // A send returns once its source may be reused, not once the bytes landed:
+  // read them back (ordered behind the writes) before the region is unmapped,
+  // or the exporter's progress would still be writing into it.
+  std::vector<std::byte> back(source.size());
+  ASSERT_TRUE(importer().fetch(h, 0, back.data(), back.size()).ok());
+  EXPECT_EQ(back, source);
   EXPECT_EQ(after.utlb_lookups - before.utlb_lookups, 4u);
   EXPECT_EQ(after.utlb_registrations - before.utlb_registrations, 1u);
   EXPECT_EQ(after.utlb_hits - before.utlb_hits, 3u);
