@@ -5,7 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake pkg-config libfabric-dev libfabric-bin libboost-dev
-          libtirpc-dev libgtest-dev iproute2)
+          libtirpc-dev libgtest-dev iproute2
+          rpcbind rpcsvc-proto                        # vrpc: rpcinfo/portmapper, rpcgen
+          openmpi-bin libopenmpi-dev libpmix-dev      # nx: mpirun reference and PMIx launch
+          sockperf iperf3 redis-server redis-tools)   # preload demo: unmodified Debian programs
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
