@@ -327,6 +327,10 @@ void place_hello_locked(stream& s) {
     return;
   }
   s.out_switched.store(true);
+  // From now on our TCP bytes are doorbells: Nagle would hold one back until
+  // the previous one is acknowledged, and a sleeping peer would wait for it.
+  int on = 1;
+  (void)::setsockopt(s.fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
   ring_doorbell(s);  // a reader asleep on TCP must learn of the switch
   log(3, "fd %d: writes switched to %s after %llu TCP bytes", s.fd, s.chan->path().c_str(),
       static_cast<unsigned long long>(s.tcp_out));
