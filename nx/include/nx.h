@@ -1,0 +1,182 @@
+/* nx.h: NX (Intel iPSC/Paragon) message passing over VMMC.
+ *
+ * Existing NX sources compile against this header and link with libvmmc_nx.
+ * Nodes are numbered 0..numnodes()-1; start them with `nxrun -n N prog` or
+ * under a PMIx launcher (`mpirun -n N prog`, `srun`). A program started
+ * alone is one node.
+ *
+ * Messages: a message has a type (0 .. 2^30-1 for ordinary types; bit 30
+ * set makes it a FORCE type), a length in bytes, a sending node and the
+ * sender's process type (ptype). Receives select by type (`typesel`: an exact
+ * type, or -1 for any non-FORCE type), and in the `x` forms also by node and
+ * ptype (-1: any). Messages between one pair of nodes are received in the
+ * order they were sent, among those a receive selects. Sending to node -1
+ * sends to every other node. A FORCE message that finds no posted receive
+ * (irecv/hrecv, or a crecv waiting) when it arrives is discarded.
+ *
+ * Receiving into a buffer shorter than the message stores the first `count`
+ * bytes and fails with EQMSGLONG (msginfo still reports the full length).
+ *
+ * Errors: every call has a plain form, which prints the error to stderr and
+ * terminates the process (exit status 1) as NX did, and an underscore form
+ * (_csend, _crecv ...), which returns -1 and sets errno to one of the EQ*
+ * codes below (or sets errno and returns -1.0/NULL-like values where noted).
+ * A peer node that dies is an error on whatever waits for it (EQNODEGONE).
+ *
+ * msginfo: after crecv/crecvx, cprobe/cprobex, iprobe/iprobex returning 1,
+ * msgwait or msgdone returning 1 for a receive, msginfo[] holds the type,
+ * count, node and ptype of that message (read them with infotype(),
+ * infocount(), infonode(), infoptype()). The `x` forms also fill `info[]`
+ * (at least 4 longs) with the same four values.
+ *
+ * Thread safety: the library is single-threaded like NX; call it from one
+ * thread. Handlers of hrecv run inside NX calls of that thread (never
+ * concurrently, never nested), unless masked with masktrap(1).
+ */
+#ifndef VMMC_NX_H
+#define VMMC_NX_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* NX error codes (errno values of the underscore forms). */
+#define EQMSGLONG 1101  /* message longer than the receive buffer */
+#define EQNOMID 1102    /* unknown or already released message id */
+#define EQBADNODE 1103  /* node number out of range */
+#define EQTYPE 1104     /* invalid type or type selector */
+#define EQLEN 1105      /* negative length or null buffer with a length */
+#define EQNODEGONE 1106 /* a node died (or its link broke) */
+#define EQNOMEM 1107    /* out of memory */
+#define EQFAIL 1108     /* the transport failed otherwise */
+
+#define NX_FORCE_TYPE 0x40000000L /* bit 30: FORCE type */
+
+/* Indices into msginfo[] and info[]. */
+#define NX_INFO_TYPE 0
+#define NX_INFO_COUNT 1
+#define NX_INFO_NODE 2
+#define NX_INFO_PTYPE 3
+extern long msginfo[8];
+
+typedef void (*nx_handler)(long type, long count, long node, long ptype);
+typedef void (*nx_handlerx)(long type, long count, long node, long ptype, long hparam);
+/* gopf: combine `y` into `x` (both `xlen` bytes); must be associative and
+ * commutative. The return value is ignored. */
+typedef long (*nx_combine)(char* x, char* y);
+
+/* ---- point to point: blocking -------------------------------------- */
+void csend(long type, char* buf, long count, long node, long ptype);
+void crecv(long typesel, char* buf, long count);
+void crecvx(long typesel, char* buf, long count, long nodesel, long ptypesel, long info[]);
+/* Sends, then receives; returns the received length. */
+long csendrecv(long type, char* sbuf, long scount, long node, long ptype, long typesel, char* rbuf,
+               long rcount);
+
+/* ---- point to point: asynchronous (return a message id, mid) -------- */
+long isend(long type, char* buf, long count, long node, long ptype);
+long irecv(long typesel, char* buf, long count);
+long irecvx(long typesel, char* buf, long count, long nodesel, long ptypesel, long info[]);
+long isendrecv(long type, char* sbuf, long scount, long node, long ptype, long typesel, char* rbuf,
+               long rcount);
+void msgwait(long mid);   /* waits and releases the mid */
+long msgdone(long mid);   /* 1 (mid released) when finished, else 0 */
+void msgcancel(long mid); /* withdraws a receive not yet matched / a send not yet started */
+void msgignore(long mid); /* releases the mid; the operation goes on */
+
+/* ---- probes ------------------------------------------------------- */
+void cprobe(long typesel);
+void cprobex(long typesel, long nodesel, long ptypesel, long info[]);
+long iprobe(long typesel); /* 1 if a selected message has arrived, else 0 */
+long iprobex(long typesel, long nodesel, long ptypesel, long info[]);
+
+/* ---- message information (of the last receive/probe, see above) ---- */
+long infocount(void);
+long infonode(void);
+long infotype(void);
+long infoptype(void);
+
+/* ---- handler receives ---------------------------------------------- */
+/* Posts a receive; when the message is in `buf`, `handler` runs with its
+ * type, count, node and ptype. Returns a mid (which msgwait may not wait on:
+ * the handler owns completion; msgcancel withdraws it while unmatched). */
+long hrecv(long typesel, char* buf, long count, nx_handler handler);
+long hrecvx(long typesel, char* buf, long count, long nodesel, long ptypesel, nx_handlerx handler,
+            long hparam);
+/* 1 masks handlers (they wait), 0 unmasks and runs the waiting ones.
+ * Returns the previous state. */
+long masktrap(long state);
+
+/* ---- environment --------------------------------------------------- */
+long mynode(void);
+long numnodes(void);
+long myptype(void);
+void setptype(long ptype);
+double dclock(void); /* seconds, monotonic */
+long mclock(void);   /* milliseconds, monotonic */
+void flick(void);    /* yields the processor (and runs handlers) */
+/* Terminates node `node` (-1: every other node); ptype is ignored. */
+void killproc(long node, long ptype);
+
+/* ---- collectives (every node calls them in the same order) -------- */
+void gsync(void);
+void gdsum(double x[], long n, double work[]);
+void gisum(long x[], long n, long work[]);
+void gssum(float x[], long n, float work[]);
+void gdprod(double x[], long n, double work[]);
+void giprod(long x[], long n, long work[]);
+void gsprod(float x[], long n, float work[]);
+void gdhigh(double x[], long n, double work[]);
+void gdlow(double x[], long n, double work[]);
+void gihigh(long x[], long n, long work[]);
+void gilow(long x[], long n, long work[]);
+void gshigh(float x[], long n, float work[]);
+void gslow(float x[], long n, float work[]);
+void giand(long x[], long n, long work[]);
+void gior(long x[], long n, long work[]);
+void gixor(long x[], long n, long work[]);
+void gland(long x[], long n, long work[]);
+void glor(long x[], long n, long work[]);
+void gopf(char* x, long xlen, char* work, nx_combine function);
+/* Concatenates every node's x (in node order) into y (ylen bytes); *ncnt
+ * gets the total length. */
+void gcol(char* x, long xlen, char* y, long ylen, long* ncnt);
+/* Like gcol with every node's length known: xlens[i] is node i's length. */
+void gcolx(char* x, long xlens[], char* y);
+
+/* ---- underscore forms: -1 and errno instead of terminating -------- */
+long _csend(long type, char* buf, long count, long node, long ptype);
+long _crecv(long typesel, char* buf, long count);
+long _crecvx(long typesel, char* buf, long count, long nodesel, long ptypesel, long info[]);
+long _csendrecv(long type, char* sbuf, long scount, long node, long ptype, long typesel, char* rbuf,
+                long rcount);
+long _isend(long type, char* buf, long count, long node, long ptype);
+long _irecv(long typesel, char* buf, long count);
+long _irecvx(long typesel, char* buf, long count, long nodesel, long ptypesel, long info[]);
+long _isendrecv(long type, char* sbuf, long scount, long node, long ptype, long typesel, char* rbuf,
+                long rcount);
+long _msgwait(long mid);
+long _msgdone(long mid);
+long _msgcancel(long mid);
+long _msgignore(long mid);
+long _cprobe(long typesel);
+long _cprobex(long typesel, long nodesel, long ptypesel, long info[]);
+long _iprobe(long typesel);
+long _iprobex(long typesel, long nodesel, long ptypesel, long info[]);
+long _hrecv(long typesel, char* buf, long count, nx_handler handler);
+long _hrecvx(long typesel, char* buf, long count, long nodesel, long ptypesel, nx_handlerx handler,
+             long hparam);
+long _setptype(long ptype);
+long _killproc(long node, long ptype);
+long _gsync(void);
+long _gdsum(double x[], long n, double work[]);
+long _gisum(long x[], long n, long work[]);
+long _gopf(char* x, long xlen, char* work, nx_combine function);
+long _gcol(char* x, long xlen, char* y, long ylen, long* ncnt);
+long _gcolx(char* x, long xlens[], char* y);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* VMMC_NX_H */

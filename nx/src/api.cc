@@ -1,0 +1,420 @@
+// nx/src/api.cc: the C API of <nx.h> on the runtime: argument checks,
+// msginfo, and NX's two error conventions (plain forms terminate, underscore
+// forms return -1 with errno).
+#include <sched.h>
+#include <signal.h>
+
+#include <cerrno>
+#include <chrono>
+
+#include "nx.h"
+#include "runtime.h"
+
+long msginfo[8];
+
+namespace {
+
+using vmmc::nx::detail::fatal;
+using vmmc::nx::detail::info;
+using vmmc::nx::detail::request;
+using vmmc::nx::detail::runtime;
+using vmmc::nx::detail::selector;
+using vmmc::nx::detail::space;
+
+runtime& rt() {
+  return runtime::instance();
+}
+
+void set_msginfo(const info& m) {
+  msginfo[NX_INFO_TYPE] = m.type;
+  msginfo[NX_INFO_COUNT] = m.count;
+  msginfo[NX_INFO_NODE] = m.node;
+  msginfo[NX_INFO_PTYPE] = m.ptype;
+}
+
+void copy_info(long* to, const info& m) {
+  if (!to) return;
+  to[NX_INFO_TYPE] = m.type;
+  to[NX_INFO_COUNT] = m.count;
+  to[NX_INFO_NODE] = m.node;
+  to[NX_INFO_PTYPE] = m.ptype;
+}
+
+// Underscore form: 0 stays 0, an error becomes -1 with errno.
+long checked(int code, long value = 0) {
+  if (code == 0) return value;
+  errno = code;
+  return -1;
+}
+// Plain form: an error ends the process.
+long or_die(const char* call, int code, long value = 0) {
+  if (code) fatal(call, code);
+  return value;
+}
+
+// The operations, each returning an NX code; results through out-parameters.
+
+int do_send(long type, char* buf, long count, long node, long ptype_unused, long* mid) {
+  (void)ptype_unused;  // one process per node: the ptype addresses nothing more
+  runtime& r = rt();
+  request* req = nullptr;
+  int e = r.send(space::user, type, buf, count, node, mid ? &req : nullptr);
+  if (mid && !e) *mid = req->mid;
+  r.run_handlers();
+  return e;
+}
+
+int post(long typesel, char* buf, long count, long nodesel, long ptypesel, long* info_out,
+         request*& req) {
+  req = nullptr;
+  int e = rt().post_receive({space::user, typesel, nodesel, ptypesel}, buf, count, req);
+  if (!e) req->user_info = info_out;
+  return e;
+}
+
+// Waits for a receive, fills msginfo and releases it.
+int finish_receive(request* req, long* count_out = nullptr) {
+  runtime& r = rt();
+  int e = r.wait(req);
+  if (req->done) {
+    set_msginfo(req->got);
+    if (count_out) *count_out = req->got.count;
+  }
+  r.release(req);
+  r.run_handlers();
+  return e;
+}
+
+int do_recv(long typesel, char* buf, long count, long nodesel, long ptypesel, long* info_out,
+            long* count_out = nullptr) {
+  request* req;
+  if (int e = post(typesel, buf, count, nodesel, ptypesel, info_out, req)) return e;
+  return finish_receive(req, count_out);
+}
+
+int do_irecv(long typesel, char* buf, long count, long nodesel, long ptypesel, long* info_out,
+             long* mid) {
+  request* req;
+  if (int e = post(typesel, buf, count, nodesel, ptypesel, info_out, req)) return e;
+  *mid = req->mid;
+  rt().run_handlers();
+  return 0;
+}
+
+int do_sendrecv(long type, char* sbuf, long scount, long node, long ptype, long typesel, char* rbuf,
+                long rcount, long* out) {
+  request* req;
+  if (int e = post(typesel, rbuf, rcount, -1, -1, nullptr, req)) return e;
+  if (int e = rt().send(space::user, type, sbuf, scount, node, nullptr)) {
+    rt().release(req);
+    (void)ptype;
+    return e;
+  }
+  return finish_receive(req, out);
+}
+
+int do_isendrecv(long type, char* sbuf, long scount, long node, long ptype, long typesel,
+                 char* rbuf, long rcount, long* mid) {
+  // The receive's mid stands for the pair: the send is finished (or queued
+  // and tracked by the runtime) before the reply can be waited for.
+  request* req;
+  if (int e = post(typesel, rbuf, rcount, -1, -1, nullptr, req)) return e;
+  request* sent = nullptr;
+  if (int e = rt().send(space::user, type, sbuf, scount, node, &sent)) return e;
+  (void)ptype;
+  rt().release(sent);
+  *mid = req->mid;
+  return 0;
+}
+
+int do_msgwait(long mid) {
+  runtime& r = rt();
+  request* req = r.find(mid);
+  if (!req || req->handler || req->handlerx) return EQNOMID;
+  if (!req->is_send) return finish_receive(req);
+  int e = r.wait(req);
+  r.release(req);
+  r.run_handlers();
+  return e;
+}
+
+int do_msgdone(long mid, long* done) {
+  runtime& r = rt();
+  request* req = r.find(mid);
+  if (!req || req->handler || req->handlerx) return EQNOMID;
+  r.progress();
+  r.run_handlers();
+  *done = req->done ? 1 : 0;
+  if (!req->done) {
+    ::sched_yield();  // callers spin on msgdone; let the sender run
+    return 0;
+  }
+  if (!req->is_send) set_msginfo(req->got);
+  int e = req->error;
+  r.release(req);
+  return e;
+}
+
+int do_msgcancel(long mid) {
+  runtime& r = rt();
+  request* req = r.find(mid);
+  if (!req) return EQNOMID;
+  if (!r.cancel(req)) (void)r.wait(req);  // too late to withdraw: let it finish
+  r.release(req);
+  return 0;
+}
+
+int do_msgignore(long mid) {
+  runtime& r = rt();
+  request* req = r.find(mid);
+  if (!req) return EQNOMID;
+  r.release(req);
+  return 0;
+}
+
+int do_probe(long typesel, long nodesel, long ptypesel, long* info_out, bool block,
+             long* found_out) {
+  if (typesel < -1) return EQTYPE;
+  if (nodesel < -1 || nodesel >= rt().nodes()) return EQBADNODE;
+  bool found = false;
+  info m;
+  int e = rt().probe({space::user, typesel, nodesel, ptypesel}, block, found, m);
+  if (found) {
+    set_msginfo(m);
+    copy_info(info_out, m);
+  }
+  if (found_out) *found_out = found ? 1 : 0;
+  rt().run_handlers();
+  return e;
+}
+
+int do_hrecv(long typesel, char* buf, long count, long nodesel, long ptypesel, nx_handler h,
+             nx_handlerx hx, long hparam, long* mid) {
+  if (!h && !hx) return EQLEN;
+  request* req;
+  if (int e = post(typesel, buf, count, nodesel, ptypesel, nullptr, req)) return e;
+  req->handler = h;
+  req->handlerx = hx;
+  req->hparam = hparam;
+  *mid = req->mid;
+  rt().run_handlers();
+  return 0;
+}
+
+}  // namespace
+
+extern "C" {
+
+// ---------------------------------------------------------------- point to point
+
+void csend(long type, char* buf, long count, long node, long ptype) {
+  or_die("csend", do_send(type, buf, count, node, ptype, nullptr));
+}
+long _csend(long type, char* buf, long count, long node, long ptype) {
+  return checked(do_send(type, buf, count, node, ptype, nullptr));
+}
+void crecv(long typesel, char* buf, long count) {
+  or_die("crecv", do_recv(typesel, buf, count, -1, -1, nullptr));
+}
+long _crecv(long typesel, char* buf, long count) {
+  long n = 0;
+  int e = do_recv(typesel, buf, count, -1, -1, nullptr, &n);
+  return checked(e, n);
+}
+void crecvx(long typesel, char* buf, long count, long nodesel, long ptypesel, long info[]) {
+  or_die("crecvx", do_recv(typesel, buf, count, nodesel, ptypesel, info));
+}
+long _crecvx(long typesel, char* buf, long count, long nodesel, long ptypesel, long info[]) {
+  long n = 0;
+  int e = do_recv(typesel, buf, count, nodesel, ptypesel, info, &n);
+  return checked(e, n);
+}
+long csendrecv(long type, char* sbuf, long scount, long node, long ptype, long typesel, char* rbuf,
+               long rcount) {
+  long n = 0;
+  return or_die("csendrecv",
+                do_sendrecv(type, sbuf, scount, node, ptype, typesel, rbuf, rcount, &n), n);
+}
+long _csendrecv(long type, char* sbuf, long scount, long node, long ptype, long typesel, char* rbuf,
+                long rcount) {
+  long n = 0;
+  return checked(do_sendrecv(type, sbuf, scount, node, ptype, typesel, rbuf, rcount, &n), n);
+}
+
+long isend(long type, char* buf, long count, long node, long ptype) {
+  long mid = -1;
+  return or_die("isend", do_send(type, buf, count, node, ptype, &mid), mid);
+}
+long _isend(long type, char* buf, long count, long node, long ptype) {
+  long mid = -1;
+  return checked(do_send(type, buf, count, node, ptype, &mid), mid);
+}
+long irecv(long typesel, char* buf, long count) {
+  long mid = -1;
+  return or_die("irecv", do_irecv(typesel, buf, count, -1, -1, nullptr, &mid), mid);
+}
+long _irecv(long typesel, char* buf, long count) {
+  long mid = -1;
+  return checked(do_irecv(typesel, buf, count, -1, -1, nullptr, &mid), mid);
+}
+long irecvx(long typesel, char* buf, long count, long nodesel, long ptypesel, long info[]) {
+  long mid = -1;
+  return or_die("irecvx", do_irecv(typesel, buf, count, nodesel, ptypesel, info, &mid), mid);
+}
+long _irecvx(long typesel, char* buf, long count, long nodesel, long ptypesel, long info[]) {
+  long mid = -1;
+  return checked(do_irecv(typesel, buf, count, nodesel, ptypesel, info, &mid), mid);
+}
+long isendrecv(long type, char* sbuf, long scount, long node, long ptype, long typesel, char* rbuf,
+               long rcount) {
+  long mid = -1;
+  return or_die("isendrecv",
+                do_isendrecv(type, sbuf, scount, node, ptype, typesel, rbuf, rcount, &mid), mid);
+}
+long _isendrecv(long type, char* sbuf, long scount, long node, long ptype, long typesel, char* rbuf,
+                long rcount) {
+  long mid = -1;
+  return checked(do_isendrecv(type, sbuf, scount, node, ptype, typesel, rbuf, rcount, &mid), mid);
+}
+
+void msgwait(long mid) {
+  or_die("msgwait", do_msgwait(mid));
+}
+long _msgwait(long mid) {
+  return checked(do_msgwait(mid));
+}
+long msgdone(long mid) {
+  long done = 0;
+  return or_die("msgdone", do_msgdone(mid, &done), done);
+}
+long _msgdone(long mid) {
+  long done = 0;
+  return checked(do_msgdone(mid, &done), done);
+}
+void msgcancel(long mid) {
+  or_die("msgcancel", do_msgcancel(mid));
+}
+long _msgcancel(long mid) {
+  return checked(do_msgcancel(mid));
+}
+void msgignore(long mid) {
+  or_die("msgignore", do_msgignore(mid));
+}
+long _msgignore(long mid) {
+  return checked(do_msgignore(mid));
+}
+
+// ---------------------------------------------------------------- probes, info
+
+void cprobe(long typesel) {
+  or_die("cprobe", do_probe(typesel, -1, -1, nullptr, true, nullptr));
+}
+long _cprobe(long typesel) {
+  return checked(do_probe(typesel, -1, -1, nullptr, true, nullptr));
+}
+void cprobex(long typesel, long nodesel, long ptypesel, long info[]) {
+  or_die("cprobex", do_probe(typesel, nodesel, ptypesel, info, true, nullptr));
+}
+long _cprobex(long typesel, long nodesel, long ptypesel, long info[]) {
+  return checked(do_probe(typesel, nodesel, ptypesel, info, true, nullptr));
+}
+long iprobe(long typesel) {
+  long found = 0;
+  return or_die("iprobe", do_probe(typesel, -1, -1, nullptr, false, &found), found);
+}
+long _iprobe(long typesel) {
+  long found = 0;
+  return checked(do_probe(typesel, -1, -1, nullptr, false, &found), found);
+}
+long iprobex(long typesel, long nodesel, long ptypesel, long info[]) {
+  long found = 0;
+  return or_die("iprobex", do_probe(typesel, nodesel, ptypesel, info, false, &found), found);
+}
+long _iprobex(long typesel, long nodesel, long ptypesel, long info[]) {
+  long found = 0;
+  return checked(do_probe(typesel, nodesel, ptypesel, info, false, &found), found);
+}
+
+long infocount(void) {
+  return msginfo[NX_INFO_COUNT];
+}
+long infonode(void) {
+  return msginfo[NX_INFO_NODE];
+}
+long infotype(void) {
+  return msginfo[NX_INFO_TYPE];
+}
+long infoptype(void) {
+  return msginfo[NX_INFO_PTYPE];
+}
+
+// ---------------------------------------------------------------- handlers
+
+long hrecv(long typesel, char* buf, long count, nx_handler handler) {
+  long mid = -1;
+  return or_die("hrecv", do_hrecv(typesel, buf, count, -1, -1, handler, nullptr, 0, &mid), mid);
+}
+long _hrecv(long typesel, char* buf, long count, nx_handler handler) {
+  long mid = -1;
+  return checked(do_hrecv(typesel, buf, count, -1, -1, handler, nullptr, 0, &mid), mid);
+}
+long hrecvx(long typesel, char* buf, long count, long nodesel, long ptypesel, nx_handlerx handler,
+            long hparam) {
+  long mid = -1;
+  return or_die("hrecvx",
+                do_hrecv(typesel, buf, count, nodesel, ptypesel, nullptr, handler, hparam, &mid),
+                mid);
+}
+long _hrecvx(long typesel, char* buf, long count, long nodesel, long ptypesel, nx_handlerx handler,
+             long hparam) {
+  long mid = -1;
+  return checked(do_hrecv(typesel, buf, count, nodesel, ptypesel, nullptr, handler, hparam, &mid),
+                 mid);
+}
+long masktrap(long state) {
+  return rt().mask(state);
+}
+
+// ---------------------------------------------------------------- environment
+
+long mynode(void) {
+  return rt().node();
+}
+long numnodes(void) {
+  return rt().nodes();
+}
+long myptype(void) {
+  return rt().ptype;
+}
+void setptype(long ptype) {
+  or_die("setptype", static_cast<int>(_setptype(ptype) ? errno : 0));
+}
+long _setptype(long ptype) {
+  if (ptype < 0) return checked(EQTYPE);
+  rt().ptype = ptype;
+  return 0;
+}
+double dclock(void) {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+long mclock(void) {
+  using namespace std::chrono;
+  return static_cast<long>(
+      duration_cast<milliseconds>(steady_clock::now().time_since_epoch()).count());
+}
+void flick(void) {
+  runtime& r = rt();
+  r.progress();
+  r.run_handlers();
+  ::sched_yield();
+}
+void killproc(long node, long ptype) {
+  or_die("killproc", static_cast<int>(_killproc(node, ptype) ? errno : 0));
+}
+long _killproc(long node, long ptype) {
+  (void)ptype;
+  return checked(rt().kill_node(node));
+}
+
+}  // extern "C"

@@ -1,0 +1,194 @@
+// nx/src/bootstrap.cc: launch modes (nxrun socket, PMIx, alone) and doorbells.
+#include "bootstrap.h"
+
+#include <pmix.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace vmmc::nx::detail {
+namespace {
+
+long env_long(const char* name, long fallback) {
+  const char* v = std::getenv(name);
+  return v ? std::strtol(v, nullptr, 10) : fallback;
+}
+
+bool write_all(int fd, const void* data, std::size_t n) {
+  auto p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t k = ::write(fd, p, n);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return false;
+    p += k;
+    n -= static_cast<std::size_t>(k);
+  }
+  return true;
+}
+
+bool read_all(int fd, void* data, std::size_t n) {
+  auto p = static_cast<char*>(data);
+  while (n > 0) {
+    ssize_t k = ::read(fd, p, n);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return false;
+    p += k;
+    n -= static_cast<std::size_t>(k);
+  }
+  return true;
+}
+
+class alone final : public bootstrap {
+ public:
+  alone() { job = "alone." + std::to_string(::getpid()), mode = "alone"; }
+  std::vector<std::string> all_gather(const std::string& mine) override { return {mine}; }
+};
+
+// nxrun: each node writes <u32 length><blob>; nxrun answers every node with
+// size × <u32 length><blob> in rank order (nx/nxrun.cc).
+class launcher_socket final : public bootstrap {
+ public:
+  explicit launcher_socket(int fd) : fd_(fd) {
+    rank = env_long("VMMC_NX_RANK", 0);
+    size = env_long("VMMC_NX_SIZE", 1);
+    const char* j = std::getenv("VMMC_NX_JOB");
+    job = std::string("nxrun.") + (j ? j : "0");
+    mode = "nxrun";
+  }
+  ~launcher_socket() override { ::close(fd_); }
+  std::vector<std::string> all_gather(const std::string& mine) override {
+    auto n = static_cast<std::uint32_t>(mine.size());
+    if (!write_all(fd_, &n, sizeof n) || !write_all(fd_, mine.data(), n)) return fail();
+    std::vector<std::string> all(static_cast<std::size_t>(size));
+    for (auto& s : all) {
+      if (!read_all(fd_, &n, sizeof n)) return fail();
+      s.resize(n);
+      if (!read_all(fd_, s.data(), n)) return fail();
+    }
+    return all;
+  }
+
+ private:
+  static std::vector<std::string> fail() {
+    std::fprintf(stderr, "nx: lost the connection to nxrun during start-up\n");
+    return {};
+  }
+  int fd_;
+};
+
+class pmix final : public bootstrap {
+ public:
+  bool init() {
+    if (pmix_status_t rc = PMIx_Init(&me_, nullptr, 0); rc != PMIX_SUCCESS) {
+      std::fprintf(stderr, "nx: PMIx_Init failed: %s\n", PMIx_Error_string(rc));
+      return false;
+    }
+    rank = me_.rank;
+    job = std::string("pmix.") + me_.nspace;
+    mode = "pmix";
+    pmix_proc_t wildcard;
+    PMIX_PROC_CONSTRUCT(&wildcard);
+    PMIX_LOAD_PROCID(&wildcard, me_.nspace, PMIX_RANK_WILDCARD);
+    pmix_value_t* v = nullptr;
+    if (PMIx_Get(&wildcard, PMIX_JOB_SIZE, nullptr, 0, &v) != PMIX_SUCCESS || !v) {
+      std::fprintf(stderr, "nx: PMIx has no job size\n");
+      return false;
+    }
+    size = v->type == PMIX_UINT32 ? v->data.uint32 : static_cast<long>(v->data.size);
+    PMIX_VALUE_RELEASE(v);
+    return true;
+  }
+  std::vector<std::string> all_gather(const std::string& mine) override {
+    pmix_value_t value;
+    PMIX_VALUE_CONSTRUCT(&value);
+    value.type = PMIX_STRING;
+    value.data.string = const_cast<char*>(mine.c_str());
+    if (PMIx_Put(PMIX_GLOBAL, key, &value) != PMIX_SUCCESS || PMIx_Commit() != PMIX_SUCCESS)
+      return fail("put");
+    pmix_info_t collect;
+    bool yes = true;
+    PMIX_INFO_LOAD(&collect, PMIX_COLLECT_DATA, &yes, PMIX_BOOL);
+    pmix_proc_t all;
+    PMIX_LOAD_PROCID(&all, me_.nspace, PMIX_RANK_WILDCARD);
+    if (PMIx_Fence(&all, 1, &collect, 1) != PMIX_SUCCESS) return fail("fence");
+    std::vector<std::string> out(static_cast<std::size_t>(size));
+    for (long r = 0; r < size; ++r) {
+      pmix_proc_t p;
+      PMIX_LOAD_PROCID(&p, me_.nspace, static_cast<pmix_rank_t>(r));
+      pmix_value_t* v = nullptr;
+      if (PMIx_Get(&p, key, nullptr, 0, &v) != PMIX_SUCCESS || !v || v->type != PMIX_STRING)
+        return fail("get");
+      out[static_cast<std::size_t>(r)] = v->data.string;
+      PMIX_VALUE_RELEASE(v);
+    }
+    return out;
+  }
+  void finish() override { PMIx_Finalize(nullptr, 0); }
+
+ private:
+  static constexpr const char* key = "vmmc.nx.blob";
+  static std::vector<std::string> fail(const char* what) {
+    std::fprintf(stderr, "nx: PMIx %s failed during start-up\n", what);
+    return {};
+  }
+  pmix_proc_t me_{};
+};
+
+sockaddr_un bell_address(const std::string& job, long rank, socklen_t& length) {
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::string name = "vmmc-nx/" + job + "/" + std::to_string(rank);
+  name.resize(std::min(name.size(), sizeof a.sun_path - 2));
+  std::memcpy(a.sun_path + 1, name.data(), name.size());  // abstract: leading NUL
+  length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  return a;
+}
+
+}  // namespace
+
+std::unique_ptr<bootstrap> detect_bootstrap() {
+  if (long fd = env_long("VMMC_NX_FD", -1); fd >= 0)
+    return std::make_unique<launcher_socket>(static_cast<int>(fd));
+  if (std::getenv("PMIX_RANK") && std::getenv("PMIX_NAMESPACE")) {
+    auto p = std::make_unique<pmix>();
+    if (!p->init()) return nullptr;
+    return p;
+  }
+  return std::make_unique<alone>();
+}
+
+doorbell::doorbell(const std::string& job, long rank) : job_(job) {
+  fd_ = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  socklen_t length;
+  sockaddr_un a = bell_address(job, rank, length);
+  if (fd_ >= 0 && ::bind(fd_, reinterpret_cast<sockaddr*>(&a), length) != 0) {
+    ::close(fd_);
+    fd_ = -1;  // callers nap instead of sleeping on the bell
+  }
+}
+
+doorbell::~doorbell() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void doorbell::ring(long rank) const {
+  if (fd_ < 0) return;
+  socklen_t length;
+  sockaddr_un a = bell_address(job_, rank, length);
+  char byte = 1;
+  (void)::sendto(fd_, &byte, 1, MSG_DONTWAIT, reinterpret_cast<sockaddr*>(&a), length);
+}
+
+void doorbell::drain() const {
+  char buf[64];
+  while (fd_ >= 0 && ::recv(fd_, buf, sizeof buf, MSG_DONTWAIT) > 0) {
+  }
+}
+
+}  // namespace vmmc::nx::detail

@@ -1,0 +1,598 @@
+// nx/src/runtime.cc: matching, sending, receiving and waiting (see runtime.h).
+#include "runtime.h"
+
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+#include <thread>
+
+#include "vmmc/core/settings.h"
+
+namespace vmmc::nx::detail {
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+// clang-format off
+const core::setting spin_us {"nx", "spin_us", core::setting_type::integer, "0",
+  "how long a waiting node busy-polls before it sleeps; 0: 300 us, or 20 us (yielding) "
+  "when there are more nodes than cores"};
+const core::setting start_timeout_ms {"nx", "start_timeout_ms", core::setting_type::integer,
+  "30000", "how long start-up waits for the other nodes"};
+// clang-format on
+const core::setting table[] = {spin_us, start_timeout_ms};
+struct registrar {
+  registrar() { core::register_settings(table); }
+} const register_once;
+
+constexpr std::size_t header_bytes = sizeof(wire::header);
+constexpr std::size_t gather_max = 4096;  // header and payload copied in one write
+
+const char* describe(int code) {
+  switch (code) {
+    case EQMSGLONG:
+      return "message longer than the receive buffer";
+    case EQNOMID:
+      return "unknown message id";
+    case EQBADNODE:
+      return "node number out of range";
+    case EQTYPE:
+      return "invalid message type";
+    case EQLEN:
+      return "invalid length or buffer";
+    case EQNODEGONE:
+      return "a node died";
+    case EQNOMEM:
+      return "out of memory";
+    default:
+      return "transport failure";
+  }
+}
+
+runtime* the_runtime = nullptr;
+
+}  // namespace
+
+[[noreturn]] void fatal(const char* call, int code) {
+  std::fprintf(stderr, "nx: node %ld: %s: %s\n", the_runtime ? the_runtime->node() : -1L, call,
+               describe(code));
+  std::fflush(stderr);
+  std::_Exit(1);  // no atexit: peers must see this node die, not end in order
+}
+
+// ---------------------------------------------------------------- start-up
+
+runtime& runtime::instance() {
+  if (!the_runtime) {
+    auto* r = new runtime;
+    the_runtime = r;
+    if (!r->start()) {
+      std::fprintf(stderr, "nx: cannot join the job\n");
+      std::_Exit(1);
+    }
+    std::atexit(finish_at_exit);
+  }
+  return *the_runtime;
+}
+
+bool runtime::start() {
+  boot_ = detect_bootstrap();
+  if (!boot_) return false;
+  node_ = boot_->rank;
+  nodes_ = boot_->size;
+  if (node_ < 0 || node_ >= nodes_) return false;
+  long cores = static_cast<long>(std::max(1u, std::thread::hardware_concurrency()));
+  oversubscribed_ = nodes_ > cores;
+  auto spin = core::setting_integer(spin_us);
+  spin_ = std::chrono::microseconds(spin > 0 ? spin : oversubscribed_ ? 20 : 300);
+
+  auto ctx = core::context::create();
+  if (!ctx) {
+    std::fprintf(stderr, "nx: %s\n", ctx.error().message().c_str());
+    return false;
+  }
+  context_.emplace(std::move(*ctx));
+  bell_ = std::make_unique<doorbell>(boot_->job, node_);
+  peers_.resize(static_cast<std::size_t>(nodes_));
+
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  std::string blob = std::string(host) + " " + std::to_string(::getpid());
+  for (long j = 0; j < nodes_; ++j) {
+    if (j == node_) {
+      blob += " -";
+      continue;
+    }
+    redirect::channel_options o;
+    o.ring_doorbell = [this, j] { bell_->ring(j); };
+    auto ch = redirect::channel::create(*context_, o);
+    if (!ch) {
+      std::fprintf(stderr, "nx: channel: %s\n", ch.error().message().c_str());
+      return false;
+    }
+    blob += " " + ch->descriptor();
+    peers_[static_cast<std::size_t>(j)].channel.emplace(std::move(*ch));
+  }
+  std::vector<std::string> all = boot_->all_gather(blob);
+  if (all.size() != peers_.size()) return false;
+
+  auto deadline = clock::now() + std::chrono::milliseconds(core::setting_integer(start_timeout_ms));
+  // The lower-numbered node of each pair connects; the other accepts.
+  for (long pass = 0; pass < 2; ++pass) {
+    for (long j = 0; j < nodes_; ++j) {
+      if (j == node_) continue;
+      std::istringstream in(all[static_cast<std::size_t>(j)]);
+      std::string their_host, descriptor;
+      long pid = 0;
+      in >> their_host >> pid;
+      for (long k = 0; k <= node_; ++k) in >> descriptor;
+      peer& p = peers_[static_cast<std::size_t>(j)];
+      p.remote = their_host != host;
+      p.pid = static_cast<pid_t>(pid);
+      if (pass == 0 && node_ < j) {
+        if (status s = p.channel->connect(descriptor, ""); !s) {
+          std::fprintf(stderr, "nx: connect to node %ld: %s\n", j, s.error().message().c_str());
+          return false;
+        }
+      } else if (pass == 1 && node_ > j) {
+        for (;;) {
+          auto hello = p.channel->accept_peer("");
+          if (hello) break;
+          if (!hello.is(errc::would_block) || clock::now() > deadline) {
+            std::fprintf(stderr, "nx: node %ld did not connect: %s\n", j,
+                         hello.error().message().c_str());
+            return false;
+          }
+          std::this_thread::sleep_for(std::chrono::microseconds(100));
+        }
+      }
+    }
+  }
+  return true;
+}
+
+void runtime::finish_at_exit() {
+  if (the_runtime) the_runtime->finish();
+}
+
+// An orderly end: what is queued goes out (bounded), then each stream ends,
+// so that peers tell this exit from a crash.
+void runtime::finish() {
+  if (dying_) return;
+  dying_ = true;
+  auto deadline = clock::now() + std::chrono::seconds(30);
+  (void)wait_until([&] {
+    if (clock::now() > deadline) return true;
+    for (const peer& p : peers_)
+      if (!p.queue.empty()) return false;
+    return true;
+  });
+  for (peer& p : peers_)
+    if (p.channel) (void)p.channel->close_write();
+  if (boot_) boot_->finish();
+}
+
+runtime::~runtime() = default;
+
+// ---------------------------------------------------------------- requests
+
+request* runtime::new_request(bool is_send) {
+  auto r = std::make_unique<request>();
+  r->mid = ++next_mid_;
+  r->is_send = is_send;
+  request* raw = r.get();
+  requests_.emplace(raw->mid, std::move(r));
+  return raw;
+}
+
+request* runtime::find(long mid) {
+  auto it = requests_.find(mid);
+  return it == requests_.end() || it->second->released ? nullptr : it->second.get();
+}
+
+void runtime::release(request* r) {
+  r->released = true;
+  if (r->done) requests_.erase(r->mid);
+}
+
+bool runtime::cancel(request* r) {
+  if (r->done) return false;
+  if (!r->is_send) {
+    auto it = std::find(posted_.begin(), posted_.end(), r);
+    if (it == posted_.end()) return false;  // its message is arriving
+    posted_.erase(it);
+    r->done = true;
+    return true;
+  }
+  // A send is withdrawn from the queues it has not started in; one already
+  // started must finish (the stream cannot skip bytes).
+  for (peer& p : peers_) {
+    for (auto it = p.queue.begin(); it != p.queue.end();) {
+      if (it->owner == r && it->sent == 0) {
+        it = p.queue.erase(it);
+        --r->sends_left;
+      } else {
+        ++it;
+      }
+    }
+  }
+  if (r->sends_left > 0) return false;
+  r->done = true;
+  return true;
+}
+
+// ---------------------------------------------------------------- sending
+
+int runtime::send(space where, long type, const void* data, long count, long node,
+                  request** async) {
+  if (type < 0 || type > 0x7fffffffL) return EQTYPE;
+  if (count < 0 || (count > 0 && !data)) return EQLEN;
+  if (node < -1 || node >= nodes_) return EQBADNODE;
+  if (failure_) return failure_;
+  auto bytes = static_cast<const std::byte*>(data);
+  auto length = static_cast<std::size_t>(count);
+  auto header = wire::make_header(static_cast<std::uint8_t>(where), type, count, ptype);
+
+  request* r = async ? new_request(true) : nullptr;
+  long queued = 0;
+  for (long j = node == -1 ? 0 : node; j < (node == -1 ? nodes_ : node + 1); ++j) {
+    if (j == node_) {
+      if (node == -1) continue;
+      deliver_local(where, type, bytes, length);
+      continue;
+    }
+    peer& p = peers_[static_cast<std::size_t>(j)];
+    p.queue.push_back({r, header, bytes, length, 0});
+    ++queued;
+    if (r) ++r->sends_left;
+    if (int e = push(p)) return e;
+  }
+  if (r) {
+    if (r->sends_left == 0) r->done = true;
+    *async = r;
+    return 0;
+  }
+  if (queued == 0) return 0;
+  // Blocking: our entries leave the queues once the channel took them.
+  return wait_until([&] {
+    for (const peer& p : peers_)
+      for (const outgoing& o : p.queue)
+        if (!o.owner) return false;
+    return true;
+  });
+}
+
+int runtime::push(peer& p) {
+  while (!p.queue.empty()) {
+    outgoing& o = p.queue.front();
+    if (int e = write_some(p, o)) return e;
+    if (o.sent < header_bytes + o.length) return 0;
+    request* owner = o.owner;
+    p.queue.pop_front();
+    if (owner) sent_one(owner);
+  }
+  return 0;
+}
+
+int runtime::write_some(peer& p, outgoing& o) {
+  const std::size_t total = header_bytes + o.length;
+  while (o.sent < total) {
+    result<std::size_t> n = errc::would_block;
+    if (o.sent == 0 && total <= gather_max) {
+      std::byte both[gather_max];
+      std::memcpy(both, &o.header, header_bytes);
+      if (o.length) std::memcpy(both + header_bytes, o.data, o.length);
+      n = p.channel->write(both, total);
+    } else if (o.sent < header_bytes) {
+      n = p.channel->write(reinterpret_cast<const std::byte*>(&o.header) + o.sent,
+                           header_bytes - o.sent);
+    } else {
+      n = p.channel->write(o.data + (o.sent - header_bytes), total - o.sent);
+    }
+    if (n) {
+      o.sent += *n;
+      continue;
+    }
+    if (n.is(errc::would_block)) return 0;
+    if (p.closed || p.channel->peer_closed()) {
+      p.closed = true;
+      o.sent = total;  // the peer ended in order: nobody will read it
+      return 0;
+    }
+    failed_node_ = &p - peers_.data();
+    return failure_ = n.is(errc::peer_gone) ? EQNODEGONE : EQFAIL;
+  }
+  return 0;
+}
+
+void runtime::sent_one(request* owner) {
+  if (--owner->sends_left > 0) return;
+  owner->done = true;
+  if (owner->released) requests_.erase(owner->mid);
+}
+
+// ---------------------------------------------------------------- receiving
+
+int runtime::post_receive(const selector& sel, void* buffer, long count, request*& out) {
+  if (sel.type < -1 || sel.type > 0x7fffffffL) return EQTYPE;
+  if (count < 0 || (count > 0 && !buffer)) return EQLEN;
+  if (sel.node < -1 || sel.node >= nodes_) return EQBADNODE;
+  request* r = new_request(false);
+  r->sel = sel;
+  r->buffer = static_cast<std::byte*>(buffer);
+  r->capacity = static_cast<std::size_t>(count);
+  out = r;
+  progress();
+  for (auto it = arrivals_.begin(); it != arrivals_.end(); ++it) {
+    if (!sel.matches(it->where, it->what)) continue;
+    std::size_t n = std::min(it->received, r->capacity);
+    if (n) std::memcpy(r->buffer, it->data.data(), n);
+    if (it->complete) {
+      complete_receive(r, it->what, it->where);
+    } else {
+      // Still arriving: the rest of the payload goes straight to the buffer.
+      peer& p = peers_[static_cast<std::size_t>(it->what.node)];
+      p.pending = nullptr;
+      bind(p, r, it->received);
+    }
+    arrivals_.erase(it);
+    return 0;
+  }
+  posted_.push_back(r);
+  return 0;
+}
+
+void runtime::bind(peer& p, request* r, std::size_t already) {
+  p.receiver = r;
+  std::size_t room = r->capacity > already ? r->capacity - already : 0;
+  p.destination = room ? r->buffer + already : nullptr;
+  p.destination_left = std::min(room, p.body_left);
+}
+
+void runtime::progress() {
+  for (long j = 0; j < nodes_; ++j) {
+    if (j == node_) continue;
+    peer& p = peers_[static_cast<std::size_t>(j)];
+    if (!p.queue.empty()) (void)push(p);
+    drain(j);
+  }
+}
+
+void runtime::drain(long from) {
+  peer& p = peers_[static_cast<std::size_t>(from)];
+  redirect::channel& ch = *p.channel;
+  for (;;) {
+    if (!p.in_body) {
+      if (ch.readable() == 0) return;
+      p.header_got += ch.read(p.header + p.header_got, header_bytes - p.header_got);
+      if (p.header_got < header_bytes) return;
+      wire::header h;
+      std::memcpy(&h, p.header, header_bytes);
+      p.header_got = 0;
+      if (!wire::valid(h)) {
+        failed_node_ = from;
+        failure_ = EQFAIL;
+        return;
+      }
+      begin_message(from, h);
+      continue;
+    }
+    if (p.body_left == 0) {
+      finish_message(p);
+      continue;
+    }
+    std::size_t got;
+    if (p.destination_left > 0) {
+      // Large payloads on the fabric path: post the buffer so that the sender
+      // places the rest directly (bounded wait; the ring path copies).
+      std::size_t want = p.destination_left;
+      if (want >= (64u << 10) && ch.readable() == 0 && ch.path() != "mapped") {
+        auto r = ch.receive(p.destination, want, false, std::chrono::milliseconds(1));
+        got = r ? r->total() : 0;
+      } else {
+        got = ch.read(p.destination, want);
+      }
+      p.destination += got;
+      p.destination_left -= got;
+    } else {
+      if (scratch_.size() < (64u << 10)) scratch_.resize(64u << 10);
+      got = ch.read(scratch_.data(), std::min(p.body_left, scratch_.size()));
+    }
+    if (got == 0) return;
+    p.body_left -= got;
+    if (p.pending) p.pending->received += got;
+  }
+}
+
+void runtime::begin_message(long from, const wire::header& h) {
+  peer& p = peers_[static_cast<std::size_t>(from)];
+  p.in_body = true;
+  p.where = static_cast<space>(h.space);
+  p.current = {static_cast<long>(h.type), static_cast<long>(h.length), from,
+               static_cast<long>(h.ptype)};
+  p.body_left = static_cast<std::size_t>(h.length);
+  p.receiver = nullptr;
+  p.pending = nullptr;
+  p.destination = nullptr;
+  p.destination_left = 0;
+  for (auto it = posted_.begin(); it != posted_.end(); ++it) {
+    if ((*it)->sel.matches(p.where, p.current)) {
+      request* r = *it;
+      posted_.erase(it);
+      bind(p, r, 0);
+      return;
+    }
+  }
+  if (p.where == space::user && (h.type & NX_FORCE_TYPE)) return;  // nobody posted: dropped
+  arrival& a = arrivals_.emplace_back();
+  a.where = p.where;
+  a.what = p.current;
+  a.data.resize(p.body_left);
+  p.pending = &a;
+  p.destination = a.data.data();
+  p.destination_left = p.body_left;
+}
+
+void runtime::finish_message(peer& p) {
+  p.in_body = false;
+  if (p.receiver) complete_receive(p.receiver, p.current, p.where);
+  if (p.pending) p.pending->complete = true;
+  p.receiver = nullptr;
+  p.pending = nullptr;
+}
+
+void runtime::complete_receive(request* r, const info& m, space) {
+  r->got = m;
+  r->error = static_cast<std::size_t>(m.count) > r->capacity ? EQMSGLONG : 0;
+  r->done = true;
+  if (r->user_info) {
+    r->user_info[NX_INFO_TYPE] = m.type;
+    r->user_info[NX_INFO_COUNT] = m.count;
+    r->user_info[NX_INFO_NODE] = m.node;
+    r->user_info[NX_INFO_PTYPE] = m.ptype;
+  }
+  if (r->handler || r->handlerx) {
+    handlers_due_.push_back(r);
+  } else if (r->released) {
+    requests_.erase(r->mid);
+  }
+}
+
+void runtime::deliver_local(space where, long type, const std::byte* data, std::size_t length) {
+  info m{type, static_cast<long>(length), node_, ptype};
+  for (auto it = posted_.begin(); it != posted_.end(); ++it) {
+    request* r = *it;
+    if (!r->sel.matches(where, m)) continue;
+    posted_.erase(it);
+    if (length) std::memcpy(r->buffer, data, std::min(length, r->capacity));
+    complete_receive(r, m, where);
+    return;
+  }
+  if (where == space::user && (type & NX_FORCE_TYPE)) return;
+  arrival& a = arrivals_.emplace_back();
+  a.where = where;
+  a.what = m;
+  a.data.assign(data, data + length);
+  a.received = length;
+  a.complete = true;
+}
+
+int runtime::probe(const selector& sel, bool block, bool& found, info& out) {
+  found = false;
+  auto look = [&] {
+    for (const arrival& a : arrivals_) {
+      if (sel.matches(a.where, a.what)) {
+        out = a.what;
+        return found = true;
+      }
+    }
+    return false;
+  };
+  progress();
+  if (look() || !block) return failure_;
+  return wait_until(look);
+}
+
+// ---------------------------------------------------------------- waiting
+
+int runtime::wait(request* r) {
+  if (r->done) return r->error;
+  if (int e = wait_until([r] { return r->done; })) return e;
+  return r->error;
+}
+
+template <class Ready>
+int runtime::wait_until(Ready ready) {
+  auto spin_until = clock::now() + spin_;
+  for (unsigned turn = 1;; ++turn) {
+    progress();
+    if (ready()) return 0;
+    if (failure_) return failure_;
+    if ((turn & 31) != 0) continue;
+    if (oversubscribed_) ::sched_yield();
+    if (clock::now() < spin_until) continue;
+    check_peers();
+    if (failure_) return failure_;
+    sleep_a_little();
+    spin_until = clock::now() + spin_;
+  }
+}
+
+// Sleeps on the doorbell after arming every channel (data from each peer,
+// space toward each peer we still write to); any arm that says "something
+// is on its way" means poll again instead.
+void runtime::sleep_a_little() {
+  int timeout_ms = bell_->fd() < 0 ? 1 : 100;
+  for (long j = 0; j < nodes_; ++j) {
+    if (j == node_) continue;
+    peer& p = peers_[static_cast<std::size_t>(j)];
+    if (p.remote) timeout_ms = 1;
+    if (p.closed || p.channel->peer_closed()) continue;
+    if (!p.channel->prepare_sleep(redirect::sleep_reason::data)) return;
+    if (!p.queue.empty() && !p.channel->prepare_sleep(redirect::sleep_reason::space)) return;
+  }
+  pollfd f{bell_->fd(), POLLIN, 0};
+  ::poll(&f, f.fd < 0 ? 0 : 1, timeout_ms);
+  bell_->drain();
+}
+
+void runtime::check_peers() {
+  for (long j = 0; j < nodes_; ++j) {
+    if (j == node_) continue;
+    peer& p = peers_[static_cast<std::size_t>(j)];
+    if (p.closed || !p.channel->peer_gone()) continue;
+    if (p.channel->peer_closed()) {
+      p.closed = true;
+      continue;
+    }
+    failed_node_ = j;
+    failure_ = EQNODEGONE;
+    std::fprintf(stderr, "nx: node %ld: node %ld died\n", node_, j);
+  }
+}
+
+// ---------------------------------------------------------------- handlers, control
+
+void runtime::run_handlers() {
+  if (masked_ || in_handler_) return;
+  in_handler_ = true;
+  while (!handlers_due_.empty() && !masked_) {
+    request* r = handlers_due_.front();
+    handlers_due_.pop_front();
+    const info m = r->got;
+    if (r->handlerx)
+      r->handlerx(m.type, m.count, m.node, m.ptype, r->hparam);
+    else
+      r->handler(m.type, m.count, m.node, m.ptype);
+    requests_.erase(r->mid);
+  }
+  in_handler_ = false;
+}
+
+long runtime::mask(long state) {
+  long previous = masked_ ? 1 : 0;
+  masked_ = state != 0;
+  if (!masked_) run_handlers();
+  return previous;
+}
+
+int runtime::kill_node(long node) {
+  if (node < -1 || node >= nodes_) return EQBADNODE;
+  for (long j = 0; j < nodes_; ++j) {
+    if (j == node_ || (node != -1 && j != node)) continue;
+    peer& p = peers_[static_cast<std::size_t>(j)];
+    if (p.remote || ::kill(p.pid, SIGKILL) != 0) return EQFAIL;
+    p.closed = true;  // an end we asked for, not a failure
+  }
+  return 0;
+}
+
+}  // namespace vmmc::nx::detail

@@ -1,0 +1,182 @@
+// nx/src/runtime.h: one node's message-passing engine (internal).
+//
+// One redirect::channel per other node carries messages framed as in wire.h.
+// Sending copies header and payload into the peer's ring (write() accepts
+// what fits; the rest waits in a per-peer queue, so pairwise order holds and
+// a slow receiver only slows its senders). Receiving reads headers as they
+// come and places each payload straight into the matching posted receive's
+// buffer; a message nobody asked for yet is copied into an "arrival" kept in
+// arrival order (FORCE messages are dropped instead), and a receive posted
+// later takes it from there (or takes over the rest of the payload when it
+// is still arriving). Every wait drives all channels, so no two nodes can
+// block each other; a waiter busy-polls briefly, then sleeps on its doorbell.
+//
+// Error results are NX codes (EQ* from <nx.h>), 0 for success.
+// Not thread-safe: NX programs call it from one thread.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "bootstrap.h"
+#include "nx.h"
+#include "vmmc/core/context.h"
+#include "vmmc/redirect/channel.h"
+#include "wire.h"
+
+namespace vmmc::nx::detail {
+
+enum class space : std::uint8_t { user = 1, internal = 2 };
+
+struct info {
+  long type = 0, count = 0, node = 0, ptype = 0;
+};
+
+// Which messages a receive or probe accepts; -1 = any (any non-FORCE type).
+struct selector {
+  space where = space::user;
+  long type = -1, node = -1, ptype = -1;
+  bool matches(space s, const info& m) const {
+    return s == where && (type == -1 ? (m.type & NX_FORCE_TYPE) == 0 : m.type == type) &&
+           (node == -1 || node == m.node) && (ptype == -1 || ptype == m.ptype);
+  }
+};
+
+struct request {
+  long mid = 0;
+  bool is_send = false;
+  bool done = false;
+  bool released = false;  // nobody will ask for it: freed once done
+  int error = 0;
+  // receives
+  selector sel;
+  std::byte* buffer = nullptr;
+  std::size_t capacity = 0;
+  info got;
+  long* user_info = nullptr;  // the x forms' info[]
+  nx_handler handler = nullptr;
+  nx_handlerx handlerx = nullptr;
+  long hparam = 0;
+  // sends
+  long sends_left = 0;
+};
+
+class runtime {
+ public:
+  // The node's runtime, started at the first NX call; prints the reason and
+  // exits with status 1 if the job cannot be joined.
+  static runtime& instance();
+  ~runtime();
+
+  long node() const { return node_; }
+  long nodes() const { return nodes_; }
+  long ptype = 0;
+
+  // Sends to `node` (-1: all others). With `async` null, returns when `data`
+  // may be reused; else *async is a request that finishes then.
+  int send(space where, long type, const void* data, long count, long node, request** async);
+  // Posts a receive. The request is done when the message is in `buffer`.
+  int post_receive(const selector& sel, void* buffer, long count, request*& out);
+  // Blocks until `r` is done (or a node died); does not release it.
+  int wait(request* r);
+  // Looks for an arrived message; with `block`, waits for one.
+  int probe(const selector& sel, bool block, bool& found, info& out);
+  // Withdraws an unmatched receive / an unstarted send; false if too late.
+  bool cancel(request* r);
+  request* find(long mid);
+  void release(request* r);  // the caller is done with r (frees it once done)
+
+  void progress();
+  // Runs handlers of completed hrecv's unless masked or already inside one.
+  void run_handlers();
+  long mask(long state);
+  int kill_node(long node);
+  // Sequence number of the next collective (the same on every node).
+  long next_collective() { return ++collectives_; }
+
+ private:
+  struct outgoing {
+    request* owner = nullptr;  // null for a blocking send
+    wire::header header;
+    const std::byte* data = nullptr;
+    std::size_t length = 0;
+    std::size_t sent = 0;  // header and payload bytes accepted by the channel
+  };
+  struct arrival {
+    space where;
+    info what;
+    std::vector<std::byte> data;
+    std::size_t received = 0;
+    bool complete = false;
+  };
+  struct peer {
+    std::optional<redirect::channel> channel;
+    bool remote = false;  // other host: doorbells do not reach it
+    bool closed = false;  // ended its stream (orderly exit)
+    pid_t pid = 0;
+    std::deque<outgoing> queue;
+    // the message being read
+    std::byte header[sizeof(wire::header)];
+    std::size_t header_got = 0;
+    bool in_body = false;
+    space where = space::user;
+    info current;
+    std::size_t body_left = 0;
+    std::byte* destination = nullptr;  // null: discard
+    std::size_t destination_left = 0;
+    request* receiver = nullptr;
+    arrival* pending = nullptr;
+  };
+
+  runtime() = default;
+  bool start();
+  void finish();
+  static void finish_at_exit();
+
+  request* new_request(bool is_send);
+  int push(peer& p);
+  int write_some(peer& p, outgoing& o);
+  void drain(long from);
+  void begin_message(long from, const wire::header& h);
+  void bind(peer& p, request* r, std::size_t already);
+  void finish_message(peer& p);
+  void complete_receive(request* r, const info& m, space where);
+  void deliver_local(space where, long type, const std::byte* data, std::size_t length);
+  void sent_one(request* owner);
+  void sleep_a_little();
+  void check_peers();
+  template <class Ready>
+  int wait_until(Ready ready);
+
+  std::unique_ptr<bootstrap> boot_;
+  std::optional<core::context> context_;
+  std::unique_ptr<doorbell> bell_;
+  std::vector<peer> peers_;
+  long node_ = 0, nodes_ = 1;
+  std::list<request*> posted_;
+  std::list<arrival> arrivals_;
+  std::unordered_map<long, std::unique_ptr<request>> requests_;
+  std::deque<request*> handlers_due_;
+  long next_mid_ = 0;
+  long collectives_ = 0;
+  bool masked_ = false, in_handler_ = false, dying_ = false;
+  int failure_ = 0;
+  long failed_node_ = -1;
+  std::chrono::microseconds spin_{0};
+  bool oversubscribed_ = false;
+  std::vector<std::byte> scratch_;
+};
+
+// Prints "nx: <call>: <reason>" and exits with status 1 (peers see this
+// node die, not end).
+[[noreturn]] void fatal(const char* call, int code);
+
+}  // namespace vmmc::nx::detail
