@@ -1,0 +1,301 @@
+// The vRPC server transports: a listening SVCXPRT and one SVCXPRT per
+// accepted connection, registered with libtirpc's dispatch (xprt_register)
+// on their kernel descriptors so that an unmodified svc_run() serves them.
+//
+// svc_run sleeps in the kernel's poll(). A connection upgraded to VMMC
+// becomes readable in the kernel only when its client rang the doorbell, and
+// the client rings only if this end armed it. So a connection never goes
+// back to svc_run with bytes buffered (it answers XPRT_MOREREQS, as svc_vc
+// does), and before it goes back idle it drains old doorbells and arms
+// (a non-blocking read that finds nothing arms the sockets layer's doorbell).
+// Between a reply and the client's next call it watches the channel for a
+// short while (VMMC_VRPC_SPIN_US) without a system call, unless other
+// transports are waiting: a closed-loop client then pays no doorbell.
+#include <rpc/rpc.h>
+// After rpc.h, which they rely on:
+#include <rpc/svc_auth.h>
+#include <rpc/svc_mt.h>
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/ioctl.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "vmmc/sockets/socket.h"
+#include "vmmc/vrpc/vrpc.h"
+#include "vrpc_impl.h"
+
+namespace vmmc::vrpc::detail {
+namespace {
+
+using clock = std::chrono::steady_clock;
+char tcp_netid[] = "tcp";
+
+// libtirpc keeps each call's server-side auth handle in an extension that
+// xp_p3 points to (rpc/svc_mt.h); its dispatch sets it before each call.
+struct listener {
+  SVCXPRT xprt{};
+  SVCXPRT_EXT extension{};
+  sockaddr_in local{};
+};
+
+struct connection {
+  explicit connection(int fd) : stream(fd) {}
+
+  SVCXPRT xprt{};
+  SVCXPRT_EXT extension{};
+  record_stream stream;
+  char verifier[MAX_AUTH_BYTES]{};
+  sockaddr_in peer{}, local{};
+  std::uint32_t xid = 0;
+  bool dead = false;
+  bool served = false;       // the last recv produced a call
+  bool resume = false;       // we answered MOREREQS: no doorbell to drain
+  bool accelerated = false;  // known to run over VMMC (it never goes back)
+  unsigned streak = 0;       // calls served since we last went back to svc_run
+  std::string path;
+};
+
+connection& conn(SVCXPRT* xprt) {
+  return *static_cast<connection*>(xprt->xp_p1);
+}
+
+std::chrono::microseconds spin_time() {
+  static const auto t = std::chrono::microseconds(core::setting_integer(settings::spin_us));
+  return t;
+}
+
+bool would_block(int e) {
+  return e == EAGAIN || e == EWOULDBLOCK || e == EINTR;
+}
+
+// Some other transport of svc_run's has something to do.
+bool others_waiting(int own_fd) {
+  thread_local std::vector<pollfd> fds;
+  if (!svc_pollfd || svc_max_pollfd <= 1) return false;
+  fds.assign(svc_pollfd, svc_pollfd + svc_max_pollfd);
+  for (pollfd& p : fds)
+    if (p.fd == own_fd) p.fd = -1;
+  return ::poll(fds.data(), fds.size(), 0) > 0;
+}
+
+// Nothing buffered: drain doorbells and take what is there, arming the
+// doorbell if nothing is. True when bytes came.
+bool take_or_arm(connection& c) {
+  pollfd p{c.xprt.xp_fd, POLLIN, 0};
+  sockets::poll(&p, 1, 0);
+  long n = c.stream.try_fill();
+  if (n > 0) return true;
+  if (n == 0 || !would_block(errno)) c.dead = true;
+  return false;
+}
+
+bool_t connection_recv(SVCXPRT* xprt, rpc_msg* msg) {
+  connection& c = conn(xprt);
+  c.served = false;
+  if (c.dead) return FALSE;
+  c.stream.clear_failure();
+  if (c.stream.in_record() && !c.stream.skip_record()) return c.dead = true, FALSE;
+  if (c.stream.buffered() == 0 && !c.resume && !take_or_arm(c)) return FALSE;
+  c.resume = false;
+  c.stream.begin_record();
+  if (!xdr_callmsg(c.stream.decoder(), msg)) {
+    // A call we cannot read is dropped; the record is skipped before the next
+    // one. Broken framing or a broken connection ends the connection.
+    failure f = c.stream.last_failure();
+    if (f != failure::none && f != failure::short_record) c.dead = true;
+    return FALSE;
+  }
+  c.xid = msg->rm_xid;
+  c.served = true;
+  return TRUE;
+}
+
+xprt_stat connection_stat(SVCXPRT* xprt) {
+  connection& c = conn(xprt);
+  if (c.dead) return XPRT_DIED;
+  c.stream.clear_failure();
+  if (c.stream.in_record() && !c.stream.skip_record()) {
+    c.dead = true;
+    return XPRT_DIED;
+  }
+  c.resume = true;
+  if (c.stream.buffered() > 0) return XPRT_MOREREQS;
+  if (c.served && !c.accelerated) c.accelerated = path_of(c.xprt.xp_fd) != "tcp";
+  if (c.served && c.accelerated && spin_time().count() > 0 &&
+      !(++c.streak % 4 == 0 && others_waiting(c.xprt.xp_fd))) {
+    auto until = clock::now() + spin_time();
+    int ready = 0;
+    do {
+      if (sockets::ioctl(c.xprt.xp_fd, FIONREAD, &ready) == 0 && ready > 0) return XPRT_MOREREQS;
+    } while (clock::now() < until);
+  }
+  c.served = false;
+  if (take_or_arm(c)) return XPRT_MOREREQS;
+  c.resume = false;
+  c.streak = 0;
+  return c.dead ? XPRT_DIED : XPRT_IDLE;
+}
+
+bool transport_broken(const record_stream& s) {
+  return s.last_failure() != failure::none && s.last_failure() != failure::short_record;
+}
+
+bool_t connection_getargs(SVCXPRT* xprt, xdrproc_t xdr_args, void* args) {
+  connection& c = conn(xprt);
+  XDR* in = c.stream.decoder();
+  SVCAUTH& auth = SVC_XP_AUTH(xprt);
+  bool ok = auth.svc_ah_ops ? SVCAUTH_UNWRAP(&auth, in, xdr_args, static_cast<caddr_t>(args))
+                            : xdr_args(in, args);
+  if (!ok && transport_broken(c.stream)) c.dead = true;
+  return ok;
+}
+
+bool_t connection_reply(SVCXPRT* xprt, rpc_msg* msg) {
+  connection& c = conn(xprt);
+  if (c.dead) return FALSE;
+  msg->rm_xid = c.xid;
+  xdrproc_t xdr_results = nullptr;
+  caddr_t results = nullptr;
+  bool has_results = msg->rm_reply.rp_stat == MSG_ACCEPTED && msg->acpted_rply.ar_stat == SUCCESS;
+  if (has_results) {
+    xdr_results = msg->acpted_rply.ar_results.proc;
+    results = msg->acpted_rply.ar_results.where;
+    msg->acpted_rply.ar_results.proc = void_results();
+    msg->acpted_rply.ar_results.where = nullptr;
+  }
+  XDR* out = c.stream.encoder();
+  SVCAUTH& auth = SVC_XP_AUTH(xprt);
+  bool ok = xdr_replymsg(out, msg) &&
+            (!has_results || (auth.svc_ah_ops ? SVCAUTH_WRAP(&auth, out, xdr_results, results)
+                                              : xdr_results(out, results)));
+  if (!c.stream.end_record() || transport_broken(c.stream)) c.dead = true;
+  return ok && !c.dead;
+}
+
+bool_t free_args(SVCXPRT*, xdrproc_t xdr_args, void* args) {
+  XDR free_xdr{};
+  free_xdr.x_op = XDR_FREE;
+  return xdr_args(&free_xdr, args);
+}
+
+void connection_destroy(SVCXPRT* xprt) {
+  connection* c = &conn(xprt);
+  xprt_unregister(xprt);
+  if (SVC_XP_AUTH(xprt).svc_ah_ops) SVCAUTH_DESTROY(&SVC_XP_AUTH(xprt));
+  sockets::close(xprt->xp_fd);
+  delete c;
+}
+
+bool_t no_control(SVCXPRT*, const u_int, void*) {
+  return FALSE;
+}
+
+const struct __rpc_svcxprt::xp_ops connection_ops = {connection_recv,    connection_stat,
+                                                     connection_getargs, connection_reply,
+                                                     free_args,          connection_destroy};
+const struct __rpc_svcxprt::xp_ops2 control_ops = {no_control};
+
+// --- the listener: a readable descriptor means a connection to accept.
+
+bool_t listener_recv(SVCXPRT* xprt, rpc_msg*) {
+  sockaddr_in peer{};
+  socklen_t length = sizeof peer;
+  int fd = sockets::accept(xprt->xp_fd, reinterpret_cast<sockaddr*>(&peer), &length);
+  if (fd < 0) return FALSE;
+  int one = 1;
+  sockets::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  set_io_timeout(fd, static_cast<int>(core::setting_integer(settings::io_timeout_ms)));
+  auto* c = new connection(fd);
+  c->peer = peer;
+  length = sizeof c->local;
+  sockets::getsockname(fd, reinterpret_cast<sockaddr*>(&c->local), &length);
+  SVCXPRT& x = c->xprt;
+  x.xp_fd = fd;
+  x.xp_ops = &connection_ops;
+  x.xp_ops2 = &control_ops;
+  x.xp_addrlen = sizeof peer;
+  std::memcpy(&x.xp_raddr, &peer, sizeof peer);
+  x.xp_rtaddr = {sizeof c->peer, sizeof c->peer, &c->peer};
+  x.xp_ltaddr = {sizeof c->local, sizeof c->local, &c->local};
+  x.xp_netid = tcp_netid;
+  x.xp_verf.oa_base = c->verifier;
+  x.xp_p1 = c;
+  x.xp_p3 = &c->extension;
+  xprt_register(&x);
+  return FALSE;
+}
+
+xprt_stat listener_stat(SVCXPRT*) {
+  return XPRT_IDLE;
+}
+bool_t listener_getargs(SVCXPRT*, xdrproc_t, void*) {
+  return FALSE;
+}
+bool_t listener_reply(SVCXPRT*, rpc_msg*) {
+  return FALSE;
+}
+
+void listener_destroy(SVCXPRT* xprt) {
+  xprt_unregister(xprt);
+  sockets::close(xprt->xp_fd);
+  delete static_cast<listener*>(xprt->xp_p1);
+}
+
+const struct __rpc_svcxprt::xp_ops listener_ops = {listener_recv,  listener_stat, listener_getargs,
+                                                   listener_reply, free_args,     listener_destroy};
+
+}  // namespace
+}  // namespace vmmc::vrpc::detail
+
+using namespace vmmc::vrpc::detail;
+namespace sockets = vmmc::sockets;
+
+extern "C" SVCXPRT* svc_vmmc_create(const sockaddr_in* address) {
+  sockaddr_in local{};
+  local.sin_family = AF_INET;
+  if (address) local = *address;
+  int fd = sockets::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return nullptr;
+  int one = 1;
+  socklen_t length = sizeof local;
+  if (sockets::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+      sockets::bind(fd, reinterpret_cast<sockaddr*>(&local), sizeof local) != 0 ||
+      sockets::listen(fd, SOMAXCONN) != 0 ||
+      sockets::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) != 0 ||
+      sockets::fcntl(fd, F_SETFL, O_NONBLOCK) != 0) {
+    int saved = errno;
+    sockets::close(fd);
+    errno = saved;
+    return nullptr;
+  }
+  auto* l = new listener;
+  l->local = local;
+  SVCXPRT& x = l->xprt;
+  x.xp_fd = fd;
+  x.xp_port = ntohs(local.sin_port);
+  x.xp_ops = &listener_ops;
+  x.xp_ops2 = &control_ops;
+  x.xp_ltaddr = {sizeof l->local, sizeof l->local, &l->local};
+  x.xp_netid = tcp_netid;
+  x.xp_p1 = l;
+  x.xp_p3 = &l->extension;
+  xprt_register(&x);
+  return &x;
+}
+
+extern "C" const char* svc_vmmc_path(const SVCXPRT* xprt) {
+  if (!xprt) return nullptr;
+  if (xprt->xp_ops == &listener_ops) return "listener";
+  if (xprt->xp_ops != &connection_ops) return nullptr;
+  connection& c = *static_cast<connection*>(xprt->xp_p1);
+  c.path = path_of(xprt->xp_fd);
+  return c.path.c_str();
+}
