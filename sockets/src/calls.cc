@@ -1,12 +1,16 @@
 // The BSD calls: which descriptors we manage, connection set-up, close and
 // shutdown, options, and the read/write family on top of io.cc.
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/ioctl.h>
+#include <sys/sendfile.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "sockets.h"
@@ -73,8 +77,67 @@ ssize_t transmit_vector(stream& s, const iovec* iov, int count, int flags) {
 // A stream whose bytes all go through the kernel needs none of our logic.
 stream_ptr managed(int fd) {
   stream_ptr s = find(fd);
-  if (s && s->state.load(std::memory_order_relaxed) == phase::plain) return nullptr;
+  if (s && s->state.load(std::memory_order_relaxed) == phase::plain && !s->stash) return nullptr;
   return s;
+}
+
+// --- Which connections may be accelerated (settings ports / exclude).
+int port_of(const sockaddr* a) {
+  if (!a) return -1;
+  if (a->sa_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in*>(a)->sin_port);
+  if (a->sa_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6*>(a)->sin6_port);
+  return -1;
+}
+
+std::string address_of(const sockaddr* a) {
+  char text[INET6_ADDRSTRLEN] = "";
+  if (a && a->sa_family == AF_INET)
+    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(a)->sin_addr, text, sizeof text);
+  if (a && a->sa_family == AF_INET6)
+    ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr, text, sizeof text);
+  return text;
+}
+
+// A list like "22,8000-8080,10.1.2.3": does it name `port` or `address`?
+bool listed(const std::string& list, int port, const std::string& address) {
+  std::size_t at = 0;
+  while (at < list.size()) {
+    std::size_t comma = list.find(',', at);
+    std::string item = list.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    at = comma == std::string::npos ? list.size() : comma + 1;
+    if (item.empty()) continue;
+    if (item.find_first_not_of("0123456789-") != std::string::npos) {
+      if (item == address) return true;
+      continue;
+    }
+    int low = 0, high = 0;
+    int fields = std::sscanf(item.c_str(), "%d-%d", &low, &high);
+    if (fields == 1) high = low;
+    if (fields >= 1 && port >= low && port <= high) return true;
+  }
+  return false;
+}
+
+// Whether a connection between `local` and `peer` may be accelerated.
+bool allowed(const sockaddr* local, const sockaddr* peer) {
+  static const std::string only = core::setting_string(settings::ports);
+  static const std::string never = core::setting_string(settings::exclude);
+  std::string peer_address = address_of(peer);
+  int ports[2] = {port_of(local), port_of(peer)};
+  if (!never.empty())
+    for (int p : ports)
+      if (listed(never, p, peer_address)) return false;
+  if (only.empty()) return true;
+  for (int p : ports)
+    if (p >= 0 && listed(only, p, "")) return true;
+  return false;
+}
+
+bool allowed_local(int fd, const sockaddr* peer) {
+  sockaddr_storage local{};
+  socklen_t length = sizeof local;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) != 0) return true;
+  return allowed(reinterpret_cast<sockaddr*>(&local), peer);
 }
 }  // namespace
 
@@ -91,12 +154,16 @@ int bind(int fd, const sockaddr* address, socklen_t length) {
   return ::bind(fd, address, length);
 }
 int listen(int fd, int backlog) {
-  return ::listen(fd, backlog);
+  int r = ::listen(fd, backlog);
+  // An excluded port's connections are never ours: accept() leaves them alone.
+  if (r == 0 && find(fd) && !allowed_local(fd, nullptr)) forget(fd);
+  return r;
 }
 
 int accept4(int fd, sockaddr* address, socklen_t* length, int flags) {
   int client = ::accept4(fd, address, length, flags);
   if (client < 0 || !find(fd)) return client;
+  if (!allowed(nullptr, address && length ? address : nullptr)) return client;
   auto s = adopt(client, false);
   s->nonblocking.store(flags & SOCK_NONBLOCK);
   s->state.store(phase::undecided);
@@ -109,6 +176,10 @@ int accept(int fd, sockaddr* address, socklen_t* length) {
 
 int connect(int fd, const sockaddr* address, socklen_t length) {
   stream_ptr s = find(fd);
+  if (s && s->state.load() == phase::idle && !allowed_local(fd, address)) {
+    forget(fd);
+    s.reset();
+  }
   int r = ::connect(fd, address, length);
   if (!s) return r;
   int saved = errno;
@@ -123,26 +194,48 @@ int connect(int fd, const sockaddr* address, socklen_t length) {
 }
 
 int close(int fd) {
-  if (stream_ptr s = find(fd)) {
-    if (in_forked_child()) {
+  if (find(fd)) {
+    stream_ptr s = release_slot(fd);  // null while a dup of it stays open
+    if (s && s->inherited.load()) {
       // The channel belongs to the parent, which may still use this socket:
       // neither end it nor tear it down from here.
       (void)s->chan.release();
-      s.reset();
-      forget(fd);
-      forget_epoll_set(fd);
-      return ::close(fd);
+    } else if (s && !s->shared.load()) {
+      // Since fork() another process may hold the socket: only the last
+      // close ends the stream, and the kernel knows when that is.
+      if (s->state.load() == phase::upgraded && s->out_switched.load() && !s->out_reverted.load() &&
+          !s->write_shut.load()) {
+        std::lock_guard lock(s->write_mutex);
+        (void)s->chan->close_write();  // every byte sent so far, then end of stream
+      }
+      discard_protocol_bytes(*s);
     }
-    if (s->state.load() == phase::upgraded && s->out_switched.load() && !s->write_shut.load()) {
-      std::lock_guard lock(s->write_mutex);
-      (void)s->chan->close_write();  // every byte sent so far, then end of stream
-    }
-    discard_protocol_bytes(*s);
-    s.reset();
-    forget(fd);  // tears the channel down (the peer's later sends fail)
+    // The last reference tears the channel down (the peer's later sends fail).
   }
   forget_epoll_set(fd);
   return ::close(fd);
+}
+
+int dup(int fd) {
+  int copy = ::dup(fd);
+  if (copy >= 0)
+    if (stream_ptr s = find(fd)) alias(copy, s);
+  return copy;
+}
+
+int dup3(int fd, int target, int flags) {
+  if (fd == target) return ::dup3(fd, target, flags);  // EINVAL, as the kernel says
+  stream_ptr s = find(fd);
+  stream_ptr replaced = find(target) ? release_slot(target) : nullptr;  // closed silently
+  int r = ::dup3(fd, target, flags);
+  if (r >= 0 && s) alias(target, s);
+  forget_epoll_set(target);
+  return r;
+}
+
+int dup2(int fd, int target) {
+  if (fd == target) return ::dup2(fd, target);
+  return vmmc::sockets::dup3(fd, target, 0);
 }
 
 int shutdown(int fd, int how) {
@@ -164,6 +257,7 @@ int shutdown(int fd, int how) {
   if (how != SHUT_RD && !s->write_shut.load()) {
     std::lock_guard lock(s->write_mutex);
     s->write_shut.store(true);
+    if (s->out_reverted.load()) return ::shutdown(fd, SHUT_WR);
     if (s->out_switched.load()) {
       // The TCP connection stays open: it still carries our doorbells.
       (void)s->chan->close_write();
@@ -200,6 +294,8 @@ int fcntl(int fd, int command, long argument) {
   int r = ::fcntl(fd, command, argument);
   if (r >= 0 && command == F_SETFL)
     if (stream_ptr s = find(fd)) s->nonblocking.store(argument & O_NONBLOCK);
+  if (r >= 0 && (command == F_DUPFD || command == F_DUPFD_CLOEXEC))
+    if (stream_ptr s = find(fd)) alias(r, s);
   return r;
 }
 
@@ -289,16 +385,93 @@ ssize_t sendmsg(int fd, const msghdr* message, int flags) {
   return transmit_vector(*s, message->msg_iov, static_cast<int>(message->msg_iovlen), flags);
 }
 
+ssize_t sendfile(int out_fd, int in_fd, off_t* offset, size_t count) {
+  stream_ptr s = managed(out_fd);
+  if (!s) return ::sendfile(out_fd, in_fd, offset, count);
+  // Read at an explicit position, so that bytes the socket did not take are
+  // not consumed from the file either.
+  off_t at = offset ? *offset : ::lseek(in_fd, 0, SEEK_CUR);
+  if (at < 0) return -1;
+  thread_local std::vector<char> chunk(1 << 18);
+  size_t done = 0;
+  while (done < count) {
+    ssize_t got = ::pread(in_fd, chunk.data(), std::min(chunk.size(), count - done), at);
+    if (got <= 0) {
+      if (got < 0 && done == 0) return -1;
+      break;
+    }
+    ssize_t sent = transmit(*s, chunk.data(), static_cast<size_t>(got), 0);
+    if (sent <= 0) {
+      if (done == 0) return -1;
+      break;
+    }
+    done += static_cast<size_t>(sent);
+    at += sent;
+    if (sent < got) break;
+  }
+  if (offset) {
+    *offset = at;
+  } else {
+    ::lseek(in_fd, at, SEEK_SET);
+  }
+  return static_cast<ssize_t>(done);
+}
+
+int recvmmsg(int fd, mmsghdr* messages, unsigned int count, int flags, timespec* timeout) {
+  stream_ptr s = managed(fd);
+  if (!s) return ::recvmmsg(fd, messages, count, flags, timeout);
+  // A stream has no message boundaries: each entry takes what is there; only
+  // the first may wait (the timeout, as Linux's, is checked between entries).
+  unsigned int done = 0;
+  for (; done < count; ++done) {
+    int f = flags & ~MSG_WAITFORONE;
+    if (done > 0 && (flags & MSG_WAITFORONE)) f |= MSG_DONTWAIT;
+    if (done > 0) f |= MSG_DONTWAIT;
+    ssize_t n = vmmc::sockets::recvmsg(fd, &messages[done].msg_hdr, f);
+    if (n < 0) return done > 0 ? static_cast<int>(done) : -1;
+    messages[done].msg_len = static_cast<unsigned int>(n);
+    if (n == 0) return static_cast<int>(done + 1);
+  }
+  return static_cast<int>(done);
+}
+
+int sendmmsg(int fd, mmsghdr* messages, unsigned int count, int flags) {
+  stream_ptr s = managed(fd);
+  if (!s) return ::sendmmsg(fd, messages, count, flags);
+  unsigned int done = 0;
+  for (; done < count; ++done) {
+    ssize_t n = vmmc::sockets::sendmsg(fd, &messages[done].msg_hdr, flags);
+    if (n < 0) return done > 0 ? static_cast<int>(done) : -1;
+    messages[done].msg_len = static_cast<unsigned int>(n);
+  }
+  return static_cast<int>(done);
+}
+
+int describe_line(int fd, char* out, size_t length) {
+  auto info = describe(fd);
+  if (!info) return -1;
+  int n = std::snprintf(out, length,
+                        "accelerated=%d plain=%d path=%s tcp_in=%llu tcp_out=%llu vmmc_in=%llu "
+                        "vmmc_out=%llu",
+                        info->accelerated, info->plain, info->path.c_str(),
+                        static_cast<unsigned long long>(info->tcp_bytes_in),
+                        static_cast<unsigned long long>(info->tcp_bytes_out),
+                        static_cast<unsigned long long>(info->bytes_in),
+                        static_cast<unsigned long long>(info->bytes_out));
+  return n;
+}
+
 std::optional<socket_info> describe(int fd) {
   stream_ptr s = find(fd);
   if (!s) return std::nullopt;
   socket_info info{};
   info.plain = s->state.load() == phase::plain;
-  info.accelerated = s->out_switched.load() && s->in_switched.load();
-  info.path = s->chan && s->chan->connected() ? s->chan->path() : "tcp";
+  info.accelerated = s->state.load() == phase::upgraded && s->out_switched.load() &&
+                     s->in_switched.load() && !s->out_reverted.load() && !s->in_reverted.load();
+  info.path = info.accelerated && s->chan && s->chan->connected() ? s->chan->path() : "tcp";
   info.tcp_bytes_in = s->tcp_in.load();
   info.tcp_bytes_out = s->tcp_out.load();
-  if (s->chan) {
+  if (s->chan && !s->inherited.load()) {
     auto c = s->chan->stats();
     info.bytes_in = c.bytes_received;
     info.bytes_out = c.bytes_sent;

@@ -23,7 +23,8 @@ namespace vmmc::sockets::detail {
 namespace {
 using clock = std::chrono::steady_clock;
 
-// Sends all of a small control message, waiting for the socket if needed.
+}  // namespace
+
 bool send_all(int fd, const void* data, std::size_t length, int flags) {
   auto* p = static_cast<const char*>(data);
   auto deadline = clock::now() + std::chrono::seconds(2);
@@ -43,6 +44,7 @@ bool send_all(int fd, const void* data, std::size_t length, int flags) {
   return true;
 }
 
+namespace {
 // Reads exactly `length` bytes (the server's hello frame follows its accept
 // byte at once, so this waits a round trip at most; bounded anyway).
 bool receive_exactly(int fd, void* data, std::size_t length) {
@@ -87,7 +89,7 @@ redirect::channel_options channel_options_for(stream& s) {
 
 void become_plain(stream& s, const char* why) {
   s.state.store(phase::plain);
-  log(3, "fd %d: plain TCP (%s)", s.fd, why);
+  log(3, "fd %d: plain TCP (%s)", s.fd.load(), why);
 }
 
 // Server: the client offered; answer with accept + hello frame.
@@ -96,7 +98,7 @@ void accept_offer(stream& s) {
   if (!ctx) return become_plain(s, "no VMMC context");
   auto chan = redirect::channel::create(*ctx, channel_options_for(s));
   if (!chan) {
-    log(1, "fd %d: channel: %s", s.fd, chan.error().message().c_str());
+    log(1, "fd %d: channel: %s", s.fd.load(), chan.error().message().c_str());
     return become_plain(s, "channel set-up failed");
   }
   std::string descriptor = chan->descriptor();
@@ -111,7 +113,7 @@ void accept_offer(stream& s) {
   }
   s.chan = std::make_unique<redirect::channel>(std::move(*chan));
   s.state.store(phase::upgraded);
-  log(3, "fd %d: client offered VMMC; hello sent", s.fd);
+  log(3, "fd %d: client offered VMMC; hello sent", s.fd.load());
 }
 
 // Client: the server accepted; read its hello frame and set up our channel.
@@ -143,14 +145,14 @@ void take_accept(stream& s) {
     // We will never place our hello: both directions stay raw TCP, which the
     // server handles (it only switches after reading our hello).
     s.state.store(phase::upgraded);
-    log(1, "fd %d: no channel; staying on TCP", s.fd);
+    log(1, "fd %d: no channel; staying on TCP", s.fd.load());
     return;
   }
   s.chan = std::make_unique<redirect::channel>(std::move(*chan));
   s.peer_descriptor = std::move(descriptor);
   s.state.store(phase::upgraded);
   s.hello_pending.store(true);
-  log(3, "fd %d: server accepted VMMC", s.fd);
+  log(3, "fd %d: server accepted VMMC", s.fd.load());
 }
 }  // namespace
 
@@ -186,27 +188,9 @@ void sleep_on_doorbell(stream& s, const std::function<bool()>& arm, int timeout_
 }
 
 void ring_doorbell(stream& s) {
+  if (s.out_reverted.load()) return;  // TCP carries our application bytes again
   unsigned char b = wire::doorbell_byte;
   [[maybe_unused]] ssize_t n = ::send(s.fd, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
-}
-
-void drain_doorbells(stream& s) {
-  if (!s.in_switched.load()) return;  // TCP bytes are still application data
-  char scratch[256];
-  while (true) {
-    ssize_t n = ::recv(s.fd, scratch, sizeof scratch, MSG_DONTWAIT);
-    if (n > 0) {
-      s.doorbells_in.fetch_add(static_cast<std::uint64_t>(n));
-      std::lock_guard lock(s.sleep_mutex);
-      s.doorbell_generation.fetch_add(1);
-      s.sleep_cv.notify_all();
-      continue;
-    }
-    if (n < 0 && errno == ECONNRESET) s.tcp_reset.store(true);
-    if (n == 0 || (errno != EAGAIN && errno != EINTR)) s.tcp_eof.store(true);
-    if (n < 0 && errno == EINTR) continue;
-    return;
-  }
 }
 
 // Bytes of our protocol left in the kernel's receive queue would make
@@ -240,7 +224,6 @@ void discard_protocol_bytes(stream& s) {
 
 void send_offer(stream& s) {
   if (!enabled()) return become_plain(s, "disabled");
-  if (in_forked_child()) return become_plain(s, "forked child");
   unsigned char offer = wire::offer_byte;
   if (::send(s.fd, &offer, 1, MSG_OOB | MSG_NOSIGNAL | MSG_DONTWAIT) != 1)
     return become_plain(s, "offer not sent");
@@ -322,7 +305,7 @@ void place_hello_locked(stream& s) {
   }
   s.hello_pending.store(false);
   if (!placed) {
-    log(1, "fd %d: channel set-up failed (%s); this direction stays on TCP", s.fd,
+    log(1, "fd %d: channel set-up failed (%s); this direction stays on TCP", s.fd.load(),
         placed.error().message().c_str());
     return;
   }
@@ -332,7 +315,7 @@ void place_hello_locked(stream& s) {
   int on = 1;
   (void)::setsockopt(s.fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
   ring_doorbell(s);  // a reader asleep on TCP must learn of the switch
-  log(3, "fd %d: writes switched to %s after %llu TCP bytes", s.fd, s.chan->path().c_str(),
+  log(3, "fd %d: writes switched to %s after %llu TCP bytes", s.fd.load(), s.chan->path().c_str(),
       static_cast<unsigned long long>(s.tcp_out));
 }
 

@@ -84,7 +84,8 @@ ssize_t receive_raw(stream& s, char* buffer, size_t length, int flags, bool no_w
 bool wait_readable(stream& s, clock::time_point deadline) {
   redirect::channel& ch = *s.chan;
   auto spin_until = clock::now() + std::chrono::microseconds(50);
-  while (ch.readable() == 0 && !ch.at_end()) {
+  while (ch.readable() == 0 && !ch.at_end() && !input_on_tcp(s)) {
+    answer_revert(s);
     auto now = clock::now();
     if (now >= deadline) return false;
     if (now < spin_until) continue;
@@ -116,17 +117,33 @@ ssize_t end_after_peer_gone(stream& s) {
   return fail(ECONNRESET);
 }
 
+// Channel bytes the peer wrote before its end record that are still to be
+// read; everything when it placed none.
+size_t channel_limit(stream& s, size_t length) {
+  std::uint64_t end = s.peer_channel_end.load();
+  if (end == stream::no_end) return length;
+  return static_cast<size_t>(std::min<std::uint64_t>(length, end - s.channel_in.load()));
+}
+
+ssize_t counted(stream& s, ssize_t n, bool peek) {
+  if (n > 0 && !peek) s.channel_in += static_cast<std::uint64_t>(n);
+  return n;
+}
+
 ssize_t receive_channel(stream& s, char* buffer, size_t length, int flags, bool no_wait) {
   redirect::channel& ch = *s.chan;
   bool peek = flags & MSG_PEEK;
+  if (input_on_tcp(s)) return switched;
+  length = channel_limit(s, length);
   if (no_wait || peek) {
     auto deadline = receive_deadline(s);
     // Bytes already written by the peer may still be in flight (fabric); wait
     // them out rather than report EAGAIN and sleep without a doorbell coming.
     auto in_flight_deadline = clock::now() + std::chrono::milliseconds(100);
     while (true) {
-      size_t n = ch.read(buffer, length, !peek);
-      if (n > 0) return static_cast<ssize_t>(n);
+      size_t n = ch.read(buffer, channel_limit(s, length), !peek);
+      if (n > 0) return counted(s, static_cast<ssize_t>(n), peek);
+      if (input_on_tcp(s)) return switched;
       if (ch.at_end()) return 0;
       if (ch.peer_gone()) return end_after_peer_gone(s);
       if (no_wait) {
@@ -137,15 +154,35 @@ ssize_t receive_channel(stream& s, char* buffer, size_t length, int flags, bool 
       if (!wait_readable(s, deadline)) return fail(EAGAIN);
     }
   }
-  auto got = ch.receive(buffer, length, flags & MSG_WAITALL, s.receive_timeout.load());
-  if (!got && got.is(errc::peer_gone)) return end_after_peer_gone(s);
-  if (!got) return fail(errno_for(got.error()));
-  return static_cast<ssize_t>(got->total());
+  // Waits in slices: the peer may ask us to go back to TCP meanwhile, or
+  // place its end record (then no more channel bytes come).
+  auto deadline = receive_deadline(s);
+  while (true) {
+    auto slice = std::chrono::milliseconds(50);
+    if (deadline != clock::time_point::max())
+      slice =
+          std::min(slice, std::chrono::ceil<std::chrono::milliseconds>(deadline - clock::now()));
+    if (slice.count() <= 0) return fail(EAGAIN);
+    bool wait_all = (flags & MSG_WAITALL) && s.peer_channel_end.load() == stream::no_end;
+    auto got = ch.receive(buffer, channel_limit(s, length), wait_all, slice);
+    if (got) return counted(s, static_cast<ssize_t>(got->total()), false);
+    if (got.is(errc::peer_gone)) return input_on_tcp(s) ? switched : end_after_peer_gone(s);
+    if (!got.is(errc::timed_out)) return fail(errno_for(got.error()));
+    drain_doorbells(s);
+    answer_revert(s);
+    if (input_on_tcp(s)) return switched;
+  }
 }
 }  // namespace
 
 ssize_t receive(stream& s, void* buffer, size_t length, int flags) {
   if (int e = s.pending_error.exchange(0)) return fail(e);
+  if (s.orphan.load()) return fail(EIO);
+  if (s.stash && length > 0) {
+    // Bytes taken off the connection before it went back to TCP come first.
+    if (size_t n = take_stash(s, buffer, length, !(flags & MSG_PEEK)))
+      return static_cast<ssize_t>(n);
+  }
   if (s.read_shut.load()) return 0;
   phase p = s.state.load();
   if (p == phase::connecting && check_connected(s)) p = s.state.load();
@@ -167,7 +204,6 @@ ssize_t receive(stream& s, void* buffer, size_t length, int flags) {
     }
   }
   if (p != phase::upgraded) return ::recv(s.fd, buffer, length, flags);
-  if (in_forked_child() && s.chan) return fail(EIO);
 
   std::lock_guard lock(s.read_mutex);
   advance_upgrade(s);
@@ -178,11 +214,18 @@ ssize_t receive(stream& s, void* buffer, size_t length, int flags) {
   while (done < length) {
     ssize_t n;
     bool later = done > 0;  // after the first bytes, never block for more unless WAITALL
+    bool block = !(no_wait || (later && !wait_all));
     if (!s.in_switched.load()) {
-      n = receive_raw(s, out + done, length - done, flags, no_wait || (later && !wait_all));
+      n = receive_raw(s, out + done, length - done, flags, !block);
       if (n == switched) continue;
+    } else if (input_on_tcp(s)) {
+      // The peer went back to TCP: the rest of its stream is ordinary bytes.
+      n = ::recv(s.fd, out + done, length - done,
+                 (flags & (MSG_PEEK | MSG_WAITALL)) | (block ? 0 : MSG_DONTWAIT));
+      if (n == 0 && !block) break;
     } else {
-      n = receive_channel(s, out + done, length - done, flags, no_wait || (later && !wait_all));
+      n = receive_channel(s, out + done, length - done, flags, !block);
+      if (n == switched) continue;
     }
     if (n < 0) {
       if (later) break;  // report the bytes we have; the error comes again
@@ -209,9 +252,11 @@ ssize_t transmit(stream& s, const void* buffer, size_t length, int flags) {
   }
   if (p == phase::plain || p == phase::idle || p == phase::connecting)
     return ::send(s.fd, buffer, length, flags);
-  if (in_forked_child() && s.chan) return fail(EIO);
+  if (s.orphan.load()) return fail(EIO);
 
   std::lock_guard lock(s.write_mutex);
+  answer_revert_locked(s);
+  if (s.out_reverted.load()) return ::send(s.fd, buffer, length, flags);
   if (peer_ready(s)) place_hello_locked(s);
   if (!s.out_switched.load()) {
     ssize_t n = ::send(s.fd, buffer, length, flags);
@@ -225,7 +270,10 @@ ssize_t transmit(stream& s, const void* buffer, size_t length, int flags) {
   if (wants_no_wait(s, flags)) {
     for (int attempt = 0; attempt < 64; ++attempt) {
       auto n = ch.write(buffer, length);
-      if (n) return static_cast<ssize_t>(*n);
+      if (n) {
+        s.channel_out += *n;
+        return static_cast<ssize_t>(*n);
+      }
       if (!n.is(errc::would_block)) {
         return n.is(errc::peer_gone) || n.is(errc::closed) ? broken_pipe(flags)
                                                            : fail(errno_for(n.error()));
@@ -239,6 +287,7 @@ ssize_t transmit(stream& s, const void* buffer, size_t length, int flags) {
     if (n.is(errc::peer_gone) || n.is(errc::closed)) return broken_pipe(flags);
     return fail(errno_for(n.error()));
   }
+  s.channel_out += *n;
   return static_cast<ssize_t>(*n);
 }
 
@@ -250,6 +299,7 @@ bool raw_prefix_done(stream& s) {
 }
 
 short ready_events(stream& s, short wanted, short kernel_events) {
+  if (stash_size(s) > 0) kernel_events |= wanted & (POLLIN | POLLRDNORM);
   phase p = s.state.load();
   if (p == phase::connecting) {
     check_connected(s);
@@ -266,7 +316,9 @@ short ready_events(stream& s, short wanted, short kernel_events) {
     }
   }
   if (p != phase::upgraded || !s.chan) return kernel_events;
+  if (s.orphan.load()) return kernel_events | POLLERR;
   advance_upgrade(s);
+  answer_revert(s);
   short out = kernel_events & ~(POLLIN | POLLRDNORM | POLLOUT | POLLWRNORM | POLLRDHUP);
   if (!s.in_switched.load()) out |= kernel_events & POLLRDHUP;
   if (s.chan->peer_closed()) out |= POLLRDHUP;
@@ -276,12 +328,15 @@ short ready_events(stream& s, short wanted, short kernel_events) {
       out |= kernel_events & (POLLIN | POLLRDNORM);
     } else {
       if (kernel_events & (POLLIN | POLLRDNORM)) drain_doorbells(s);
-      if (ch.readable() > 0 || ch.at_end() || s.tcp_eof.load() || s.read_shut.load())
+      if (input_on_tcp(s)) {
+        pollfd pfd{s.fd, POLLIN, 0};  // what the kernel said included our records
+        if (::poll(&pfd, 1, 0) == 1) out |= wanted & (POLLIN | POLLRDNORM) & pfd.revents;
+      } else if (ch.readable() > 0 || ch.at_end() || s.tcp_eof.load() || s.read_shut.load())
         out |= wanted & (POLLIN | POLLRDNORM);
     }
   }
   if (wanted & (POLLOUT | POLLWRNORM)) {
-    if (!s.out_switched.load()) {
+    if (!s.out_switched.load() || s.out_reverted.load()) {
       out |= kernel_events & (POLLOUT | POLLWRNORM);
     } else if (ch.writable() > 0 || s.write_shut.load() || s.tcp_eof.load()) {
       out |= wanted & (POLLOUT | POLLWRNORM);
@@ -293,10 +348,11 @@ short ready_events(stream& s, short wanted, short kernel_events) {
 bool prepare_sleep(stream& s, short wanted) {
   if (s.state.load() != phase::upgraded || !s.chan) return true;
   redirect::channel& ch = *s.chan;
-  if ((wanted & (POLLIN | POLLRDNORM)) && s.in_switched.load() &&
+  if (stash_size(s) > 0) return false;
+  if ((wanted & (POLLIN | POLLRDNORM)) && s.in_switched.load() && !input_on_tcp(s) &&
       !ch.prepare_sleep(redirect::sleep_reason::data))
     return false;
-  if ((wanted & (POLLOUT | POLLWRNORM)) && s.out_switched.load() &&
+  if ((wanted & (POLLOUT | POLLWRNORM)) && s.out_switched.load() && !s.out_reverted.load() &&
       !ch.prepare_sleep(redirect::sleep_reason::space))
     return false;
   return true;

@@ -26,7 +26,8 @@ using clock = std::chrono::steady_clock;
 // Streams whose readiness is not simply the kernel's.
 bool needs_us(const stream_ptr& s) {
   phase p = s->state.load(std::memory_order_relaxed);
-  return p == phase::connecting || p == phase::undecided || p == phase::upgraded;
+  return p == phase::connecting || p == phase::undecided || p == phase::upgraded ||
+         stash_size(*s) > 0;
 }
 
 std::chrono::microseconds spin_time() {
@@ -51,7 +52,7 @@ short kernel_interest(stream& s, short wanted) {
   short events = POLLIN;
   phase p = s.state.load();
   if (p != phase::upgraded) return static_cast<short>(wanted | POLLIN | POLLPRI);
-  if (!s.out_switched.load()) events |= wanted & (POLLOUT | POLLWRNORM);
+  if (!s.out_switched.load() || s.out_reverted.load()) events |= wanted & (POLLOUT | POLLWRNORM);
   return events;
 }
 
@@ -269,7 +270,8 @@ std::uint64_t activity_of(const stream& s) {
 std::uint32_t kernel_events_for(stream* s, std::uint32_t user_events) {
   if (!s) return user_events;
   std::uint32_t e = (user_events & ~EPOLLONESHOT) | EPOLLIN;
-  if (s->state.load() == phase::upgraded && s->out_switched.load()) e &= ~EPOLLOUT;
+  if (s->state.load() == phase::upgraded && s->out_switched.load() && !s->out_reverted.load())
+    e &= ~EPOLLOUT;
   return e;
 }
 
@@ -284,9 +286,8 @@ std::uint32_t member_events(int epfd, int fd, interest& in, std::uint32_t kev) {
   auto ev = static_cast<std::uint32_t>(static_cast<std::uint16_t>(
       ready_events(*s, static_cast<short>(wanted & 0xffff), static_cast<short>(kev & 0xffff))));
   ev &= wanted | EPOLLERR | EPOLLHUP;
-  if (s->state.load() == phase::upgraded && s->out_switched.load() &&
-      (in.kernel_events & EPOLLOUT)) {
-    epoll_event mod{kernel_events_for(s.get(), wanted), {}};
+  if (std::uint32_t k = kernel_events_for(s.get(), wanted); k != in.kernel_events) {
+    epoll_event mod{k, {}};
     mod.data.u64 = static_cast<std::uint64_t>(fd);
     if (::epoll_ctl(epfd, EPOLL_CTL_MOD, fd, &mod) == 0) in.kernel_events = mod.events;
   }
@@ -331,7 +332,7 @@ int collect(int epfd, epoll_set& set, epoll_event* events, int max_events, int t
     if (n >= max_events) break;
     if (reported.count(fd)) continue;
     stream_ptr s = find(fd);
-    if (!s || s->state.load() != phase::upgraded) continue;
+    if (!s || (s->state.load() != phase::upgraded && stash_size(*s) == 0)) continue;
     if (std::uint32_t ev = member_events(epfd, fd, in, 0)) emit(in, ev);
   }
   return n;
@@ -342,7 +343,7 @@ bool any_stream_ready(epoll_set& set) {
   for (auto& [fd, in] : set.members) {
     if (in.disabled) continue;
     stream_ptr s = find(fd);
-    if (!s || s->state.load() != phase::upgraded) continue;
+    if (!s || (s->state.load() != phase::upgraded && stash_size(*s) == 0)) continue;
     auto wanted = static_cast<short>(in.user.events & 0xffff);
     if (ready_events(*s, wanted, 0) & wanted) {
       if (!(in.user.events & EPOLLET)) return true;

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "vmmc/core/context.h"
 #include "vmmc/core/settings.h"
@@ -27,6 +28,9 @@ namespace settings {
 extern const core::setting enable;
 extern const core::setting hold_us;
 extern const core::setting log_level;
+extern const core::setting ports;
+extern const core::setting exclude;
+extern const core::setting preload_enable;
 }  // namespace settings
 
 enum class phase : std::uint8_t {
@@ -40,7 +44,10 @@ enum class phase : std::uint8_t {
 struct stream {
   explicit stream(int descriptor) : fd(descriptor) {}
 
-  const int fd;
+  // The descriptor kernel calls go through; another alias of the same socket
+  // (dup) once this one is closed.
+  std::atomic<int> fd;
+  std::atomic<int> aliases{1};  // descriptors of this process naming the stream
   std::atomic<bool> is_client{false};
   std::atomic<phase> state{phase::idle};
   std::atomic<bool> nonblocking{false};
@@ -48,9 +55,9 @@ struct stream {
   std::atomic<std::chrono::milliseconds> receive_timeout{std::chrono::milliseconds::max()};
   std::atomic<std::chrono::milliseconds> send_timeout{std::chrono::milliseconds::max()};
 
-  std::mutex setup_mutex;  // phase changes and channel set-up
-  std::mutex read_mutex;   // readers take turns (several may call, as with the kernel)
-  std::mutex write_mutex;  // one writer at a time, and our hello's byte count
+  std::mutex setup_mutex;        // phase changes and channel set-up
+  std::timed_mutex read_mutex;   // readers take turns (several may call, as with the kernel)
+  std::timed_mutex write_mutex;  // one writer at a time, and our hello's byte count
 
   std::unique_ptr<redirect::channel> chan;
   std::string peer_descriptor;               // client: the server's channel, from its hello frame
@@ -76,6 +83,25 @@ struct stream {
   std::condition_variable sleep_cv;
   bool descriptor_sleeper = false;
   std::atomic<std::uint64_t> doorbell_generation{0};
+
+  // --- Going back to TCP (revert.cc; wire.h's revert records).
+  // Channel bytes we wrote, and those we consumed (read or stashed).
+  std::atomic<std::uint64_t> channel_out{0}, channel_in{0};
+  std::atomic<bool> revert_asked{false};  // the peer asked us to revert our writes
+  std::atomic<bool> out_reverted{false};  // our end record is out: writes go to TCP
+  // The peer's end record: its writes after this many channel bytes are on TCP.
+  std::atomic<std::uint64_t> peer_channel_end{no_end};
+  std::atomic<bool> in_reverted{false};  // ... and we consumed them all
+  // A fork() copy: the channel (if any) belongs to another process.
+  std::atomic<bool> inherited{false};
+  std::atomic<bool> shared{false};  // another process may hold the socket since fork()
+  std::atomic<bool> orphan{false};  // inherited while still on VMMC: unusable here (EIO)
+  // Bytes taken off the connection before it went back to TCP, delivered
+  // before anything the kernel holds; shared with fork() children (one copy).
+  struct stash_area* stash = nullptr;
+
+  static constexpr std::uint64_t no_end = ~std::uint64_t{0};
+  ~stream();
 };
 
 using stream_ptr = std::shared_ptr<stream>;
@@ -83,19 +109,23 @@ using stream_ptr = std::shared_ptr<stream>;
 // --- table.cc: descriptors we manage, and the process's VMMC context.
 stream_ptr find(int fd);
 stream_ptr adopt(int fd, bool is_client);  // starts managing a TCP descriptor
+void alias(int fd, const stream_ptr& s);   // `fd` names `s` too (dup)
+// Drops `fd` from the table; returns the stream if that was its last name.
+stream_ptr release_slot(int fd);
 void forget(int fd);
+std::vector<stream_ptr> all_streams();
+bool context_started();
 bool enabled();
 // Created on first need (a peer that speaks vmmc): a process that never meets
 // one starts no threads and never opens libfabric. Null if it cannot be made.
 core::context* process_context();
-// After fork() the child has the parent's streams but not the threads of its
-// context: new connections stay kernel TCP there, and inherited accelerated
-// ones fail with EIO (following them into the child is the preload layer's
-// job, issue 4).
-bool in_forked_child();
+// After fork() the child gets a context of its own on first need (the
+// parent's copy is left alone); see revert.cc for inherited connections.
 void log(int level, const char* format, ...) __attribute__((format(printf, 2, 3)));
 
 // --- handshake.cc
+// Sends all of a small control message, waiting for the socket (bounded).
+bool send_all(int fd, const void* data, std::size_t length, int flags);
 void send_offer(stream& s);       // client: right after the connection is up
 bool check_connected(stream& s);  // connecting -> undecided once connected
 void try_decide(stream& s, bool wait_for_first_byte);
@@ -106,7 +136,20 @@ bool learn_peer_raw(stream& s);      // true once the peer's N is known
 void ring_doorbell(stream& s);
 void sleep_on_doorbell(stream& s, const std::function<bool()>& arm, int timeout_ms);
 void discard_protocol_bytes(stream& s);  // before close: FIN, not reset
+
+// --- revert.cc: connections going back to kernel TCP (fork, exec).
+// Parses doorbells and revert records after the switch (never past an end
+// record: what follows it is application data).
 void drain_doorbells(stream& s);
+// The peer asked: place our end record once no writer is busy (with
+// write_mutex held: `_locked`).
+void answer_revert(stream& s);
+void answer_revert_locked(stream& s);
+// Every channel byte the peer wrote before its end record is consumed: the
+// rest of its stream is on TCP.
+bool input_on_tcp(stream& s);
+std::size_t stash_size(const stream& s);
+std::size_t take_stash(stream& s, void* buffer, std::size_t length, bool consume);
 
 // --- readiness.cc
 void forget_epoll_set(int fd);

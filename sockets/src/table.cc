@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -23,16 +24,33 @@ const core::setting hold_us   {"sockets", "hold_us",   core::setting_type::integ
   "client's offer byte; plain clients of server-speaks-first protocols see it once"};
 const core::setting log_level {"sockets", "log_level", core::setting_type::integer, "0",
   "0 silent, 1 errors, 2 warnings, 3 debug (on stderr)"};
+const core::setting ports     {"sockets", "ports",     core::setting_type::string,  "",
+  "accelerate only connections to or accepted on these ports: '6379,5000-5100' (empty: all)"};
+const core::setting exclude   {"sockets", "exclude",   core::setting_type::string,  "",
+  "never accelerate connections whose peer or local port, or peer address, is listed: "
+  "'22,8000-8080,10.1.2.3' (IPv4 or IPv6 addresses)"};
+const core::setting preload_enable {"preload", "enable", core::setting_type::boolean, "1",
+  "the LD_PRELOAD interposer routes calls to vmmc sockets (0: every call goes to libc)"};
 // clang-format on
 namespace {
-const core::setting table[] = {enable, hold_us, log_level};
+const core::setting table[] = {enable, hold_us, log_level, ports, exclude};
+const core::setting preload_table[] = {preload_enable};
 struct registrar {
-  registrar() { core::register_settings(table); }
+  registrar() {
+    core::register_settings(table);
+    core::register_settings(preload_table);
+  }
 } const register_once;
 }  // namespace
 }  // namespace settings
 
 namespace {
+// Descriptors below this have a flag that says, without a lock, whether the
+// table holds them: calls on every other descriptor (files, pipes, UDP ...)
+// pay one relaxed load.
+constexpr std::size_t flagged = 1 << 16;
+std::atomic<bool> known[flagged];
+
 struct descriptor_table {
   std::shared_mutex mutex;
   std::vector<stream_ptr> slots;
@@ -41,34 +59,73 @@ descriptor_table& table() {
   static descriptor_table t;
   return t;
 }
+
+void set_slot(int fd, stream_ptr s) {
+  auto& t = table();
+  std::unique_lock lock(t.mutex);
+  if (static_cast<std::size_t>(fd) >= t.slots.size())
+    t.slots.resize(static_cast<std::size_t>(fd) * 2 + 64);
+  if (static_cast<std::size_t>(fd) < flagged) known[fd].store(s != nullptr);
+  t.slots[static_cast<std::size_t>(fd)] = std::move(s);
+}
 }  // namespace
 
 stream_ptr find(int fd) {
+  if (fd < 0) return nullptr;
+  if (static_cast<std::size_t>(fd) < flagged && !known[fd].load(std::memory_order_relaxed))
+    return nullptr;
   auto& t = table();
   std::shared_lock lock(t.mutex);
-  if (fd < 0 || static_cast<std::size_t>(fd) >= t.slots.size()) return nullptr;
+  if (static_cast<std::size_t>(fd) >= t.slots.size()) return nullptr;
   return t.slots[static_cast<std::size_t>(fd)];
 }
 
 stream_ptr adopt(int fd, bool is_client) {
   auto s = std::make_shared<stream>(fd);
   s->is_client = is_client;
-  auto& t = table();
-  std::unique_lock lock(t.mutex);
-  if (static_cast<std::size_t>(fd) >= t.slots.size())
-    t.slots.resize(static_cast<std::size_t>(fd) * 2 + 64);
-  t.slots[static_cast<std::size_t>(fd)] = s;
+  set_slot(fd, s);
   return s;
 }
 
-void forget(int fd) {
+void alias(int fd, const stream_ptr& s) {
+  forget(fd);
+  s->aliases.fetch_add(1);
+  set_slot(fd, s);
+}
+
+stream_ptr release_slot(int fd) {
   auto& t = table();
-  stream_ptr gone;  // destroyed outside the lock: closing a channel talks to the peer
-  {
-    std::unique_lock lock(t.mutex);
-    if (fd >= 0 && static_cast<std::size_t>(fd) < t.slots.size())
-      gone = std::move(t.slots[static_cast<std::size_t>(fd)]);
+  std::unique_lock lock(t.mutex);
+  if (fd < 0 || static_cast<std::size_t>(fd) >= t.slots.size()) return nullptr;
+  if (static_cast<std::size_t>(fd) < flagged) known[fd].store(false);
+  stream_ptr s = std::move(t.slots[static_cast<std::size_t>(fd)]);
+  if (!s || s->aliases.fetch_sub(1) == 1) return s;
+  // Other descriptors still name this stream: the kernel calls go through one
+  // of them from now on.
+  if (s->fd.load() == fd) {
+    for (std::size_t i = 0; i < t.slots.size(); ++i) {
+      if (t.slots[i] == s) {
+        s->fd.store(static_cast<int>(i));
+        break;
+      }
+    }
   }
+  return nullptr;
+}
+
+void forget(int fd) {
+  stream_ptr gone = release_slot(fd);  // destroyed outside the lock: a channel talks to its peer
+}
+
+std::vector<stream_ptr> all_streams() {
+  auto& t = table();
+  std::shared_lock lock(t.mutex);
+  std::vector<stream_ptr> all;
+  for (auto& s : t.slots)
+    if (s && (all.empty() || all.back() != s)) all.push_back(s);
+  std::sort(all.begin(), all.end());
+  all.erase(std::unique(all.begin(), all.end()), all.end());
+  return all;
 }
 
 bool enabled() {
@@ -77,50 +134,63 @@ bool enabled() {
 }
 
 namespace {
-std::unique_ptr<core::context>& context_slot() {
-  static std::unique_ptr<core::context> ctx;
-  return ctx;
+// The context belongs to the process that made it: a fork() child has a copy
+// without its threads, which it leaves alone (never destroys) and replaces
+// with its own on first need.
+struct process_state {
+  std::mutex mutex;
+  std::unique_ptr<core::context> ctx;
+  pid_t owner = 0;
+  bool tried = false;
+};
+process_state& state() {
+  static process_state st;
+  return st;
 }
 
 // At exit, channels go before the context they live on (and the context
 // before libfabric's own teardown), so peers see an orderly end and no
 // shared-memory file is left behind.
-std::atomic<bool> forked{false};
-void note_fork_in_child() {
-  forked.store(true);
-}
-
 void close_everything() {
-  if (forked.load()) return;  // the context's threads stayed in the parent
+  auto& st = state();
+  if (st.owner != ::getpid()) return;
   std::vector<stream_ptr> all;
   {
     auto& t = table();
     std::unique_lock lock(t.mutex);
     all.swap(t.slots);
+    for (auto& k : known) k.store(false, std::memory_order_relaxed);
   }
+  for (auto& s : all)
+    if (s && s->inherited.load()) (void)s->chan.release();  // another process's channel
   all.clear();
-  context_slot().reset();
+  st.ctx.reset();
 }
 }  // namespace
 
 core::context* process_context() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    auto c = core::context::create();
-    if (c) {
-      context_slot() = std::make_unique<core::context>(std::move(*c));
-      std::atexit(close_everything);
-      ::pthread_atfork(nullptr, nullptr, note_fork_in_child);
-    } else {
-      log(1, "cannot create the VMMC context (%s): connections stay kernel TCP",
-          c.error().message().c_str());
-    }
-  });
-  return forked.load() ? nullptr : context_slot().get();
+  auto& st = state();
+  std::lock_guard lock(st.mutex);
+  pid_t self = ::getpid();
+  if (st.owner == self) return st.ctx.get();
+  if (st.ctx) (void)st.ctx.release();  // the parent's: its threads are not here
+  st.owner = self;
+  auto c = core::context::create();
+  if (c) {
+    st.ctx = std::make_unique<core::context>(std::move(*c));
+    if (!st.tried) std::atexit(close_everything);
+    st.tried = true;
+  } else {
+    log(1, "cannot create the VMMC context (%s): connections stay kernel TCP",
+        c.error().message().c_str());
+  }
+  return st.ctx.get();
 }
 
-bool in_forked_child() {
-  return forked.load(std::memory_order_relaxed);
+bool context_started() {
+  auto& st = state();
+  std::lock_guard lock(st.mutex);
+  return st.ctx && st.owner == ::getpid();
 }
 
 void log(int level, const char* format, ...) {

@@ -1,4 +1,4 @@
-// sockets/src/wire.h: the in-band upgrade protocol on a TCP connection (v1).
+// sockets/src/wire.h: the in-band upgrade protocol on a TCP connection (v2).
 //
 //   client -> server TCP: [offer]  raw bytes (N_c) ... doorbells
 //   server -> client TCP: [accept] hello_frame  raw bytes (N_s) ... doorbells
@@ -18,8 +18,18 @@
 // TCP, then reads the channel; later TCP bytes are doorbells (one byte each)
 // that wake a sleeping reader. A writer rings after placing its channel hello,
 // so a reader asleep on TCP learns of the switch.
+//
+// Going back (v2; for fork and exec, see revert.cc). After a direction's
+// switch its TCP bytes are records: [doorbell] (1 byte), [revert request]
+// (1 byte: "send me your end record"), or [end record] + 8 bytes, the
+// little-endian count of channel bytes the sender wrote in all. After an end
+// record the sender writes on TCP only (no more doorbells): the reader takes
+// that many bytes from the channel, then reads TCP as application data.
+//
+// Versions: 1 upgrade and doorbells; 2 adds the revert records.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace vmmc::sockets::wire {
@@ -27,9 +37,12 @@ namespace vmmc::sockets::wire {
 inline constexpr unsigned char offer_byte = 0xD6;   // urgent, client -> server
 inline constexpr unsigned char accept_byte = 0xD7;  // urgent, server -> client
 inline constexpr unsigned char doorbell_byte = 0xDB;
+inline constexpr unsigned char revert_request_byte = 0xDC;
+inline constexpr unsigned char end_record_byte = 0xDD;  // + 8 bytes, little-endian
+inline constexpr std::size_t end_record_size = 9;
 
 inline constexpr std::uint32_t hello_magic = 0x53484d56;  // "VMHS" little-endian
-inline constexpr std::uint16_t version = 1;
+inline constexpr std::uint16_t version = 2;
 
 // Follows [accept]; then `length` bytes of the server's channel descriptor.
 struct hello_frame {

@@ -61,7 +61,16 @@ ssize_t recvmsg(int fd, msghdr* message, int flags);
 ssize_t sendmsg(int fd, const msghdr* message, int flags);
 
 int shutdown(int fd, int how);
+// Closing one of several descriptors of a socket (dup, or a fork() copy)
+// leaves the connection alone; the last one ends it.
 int close(int fd);
+// The copies name the same stream: either may be used or closed.
+int dup(int fd);
+int dup2(int fd, int target);
+int dup3(int fd, int target, int flags);
+ssize_t sendfile(int out_fd, int in_fd, off_t* offset, size_t count);
+int recvmmsg(int fd, mmsghdr* messages, unsigned int count, int flags, timespec* timeout);
+int sendmmsg(int fd, mmsghdr* messages, unsigned int count, int flags);
 
 int getsockopt(int fd, int level, int name, void* value, socklen_t* length);
 int setsockopt(int fd, int level, int name, const void* value, socklen_t length);
@@ -96,5 +105,30 @@ struct socket_info {
   std::uint64_t doorbells_in, doorbells_out;
 };
 std::optional<socket_info> describe(int fd);
+// describe() as one line of text into `out` (snprintf's contract); -1 for a
+// descriptor this library does not manage.
+int describe_line(int fd, char* out, size_t length);
+
+// --- For the LD_PRELOAD interposer (preload/).
+//
+// fork() and exec(): see sockets/README.md for the exact behaviour. In short,
+// before fork() (a pthread_atfork handler) every accelerated connection goes
+// back to kernel TCP, in both directions, at byte offsets both ends agree on
+// (wire.h's revert records); bytes already taken off it are kept in memory
+// the child shares, and are read first by whichever process reads next.
+// New connections in either process are accelerated again (the child makes
+// its own VMMC context). Before exec() the same happens to every connection
+// the new image inherits (no FD_CLOEXEC), and bytes taken off it travel in a
+// memfd named in the environment (VMMC_SOCKETS_INHERIT), which the new
+// image's interposer_install() picks up.
+
+// VMMC_PRELOAD_ENABLE: whether the interposer routes calls here at all.
+bool interposer_enabled();
+// Once per process, before the interposer routes calls here: fork handlers,
+// and connections handed over by the image that exec()ed this one.
+void interposer_install();
+// Before exec(): takes inherited connections back to TCP; returns the
+// environment to pass (`envp`, or a copy with VMMC_SOCKETS_INHERIT).
+char* const* prepare_exec(char* const* envp);
 
 }  // namespace vmmc::sockets

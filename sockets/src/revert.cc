@@ -1,0 +1,342 @@
+// Connections going back to kernel TCP: the revert records (wire.h, v2), the
+// stash of bytes taken off a connection before it went back, and what
+// fork() and exec() do with accelerated connections (see sockets/README.md).
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "sockets.h"
+#include "vmmc/sockets/socket.h"
+#include "wire.h"
+
+namespace vmmc::sockets::detail {
+
+// A stash lives in a shared mapping of a memfd: a fork() child shares it (and
+// its read position) with its parent, so each byte is delivered once; across
+// exec() a fresh memfd carries what is left.
+struct stash_area {
+  std::atomic<std::uint64_t> read_at;
+  std::uint64_t length;
+  std::uint64_t mapped;  // bytes of the mapping, this header included
+  char* data() { return reinterpret_cast<char*>(this + 1); }
+};
+
+namespace {
+using clock = std::chrono::steady_clock;
+
+int make_stash_memfd(const char* bytes, std::size_t length) {
+  int fd = ::memfd_create("vmmc-stash", 0);
+  if (fd < 0) return -1;
+  std::uint64_t header[3] = {0, length, sizeof(stash_area) + length};
+  if (::ftruncate(fd, static_cast<off_t>(header[2])) != 0 ||
+      ::pwrite(fd, header, sizeof header, 0) != static_cast<ssize_t>(sizeof header) ||
+      ::pwrite(fd, bytes, length, sizeof header) != static_cast<ssize_t>(length)) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+stash_area* map_stash(int memfd) {
+  std::uint64_t header[3];
+  if (::pread(memfd, header, sizeof header, 0) != static_cast<ssize_t>(sizeof header))
+    return nullptr;
+  void* p = ::mmap(nullptr, header[2], PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+  return p == MAP_FAILED ? nullptr : static_cast<stash_area*>(p);
+}
+
+void install_stash(stream& s, const std::string& bytes) {
+  if (bytes.empty()) return;
+  int fd = make_stash_memfd(bytes.data(), bytes.size());
+  if (fd < 0) return;
+  s.stash = map_stash(fd);
+  ::close(fd);
+}
+
+void wake_sleepers(stream& s) {
+  std::lock_guard lock(s.sleep_mutex);
+  s.doorbell_generation.fetch_add(1);
+  s.sleep_cv.notify_all();
+}
+
+std::uint64_t read_le64(const unsigned char* p) {
+  std::uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+}  // namespace
+
+stream::~stream() {
+  if (stash) ::munmap(stash, stash->mapped);
+}
+
+std::size_t stash_size(const stream& s) {
+  return s.stash ? s.stash->length - s.stash->read_at.load() : 0;
+}
+
+std::size_t take_stash(stream& s, void* buffer, std::size_t length, bool consume) {
+  if (!s.stash) return 0;
+  std::uint64_t at = s.stash->read_at.load();
+  while (true) {
+    std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(length, s.stash->length - at));
+    if (n == 0) return 0;
+    std::memcpy(buffer, s.stash->data() + at, n);
+    if (!consume || s.stash->read_at.compare_exchange_weak(at, at + n)) return n;
+  }
+}
+
+void drain_doorbells(stream& s) {
+  // Before the switch TCP bytes are application data; after the peer's end
+  // record they are again.
+  if (!s.in_switched.load() || s.peer_channel_end.load() != stream::no_end) return;
+  unsigned char scratch[256];
+  while (true) {
+    ssize_t n = ::recv(s.fd, scratch, sizeof scratch, MSG_PEEK | MSG_DONTWAIT);
+    if (n <= 0) {
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && errno == ECONNRESET) s.tcp_reset.store(true);
+      if (n == 0 || errno != EAGAIN) s.tcp_eof.store(true);
+      return;
+    }
+    std::size_t take = static_cast<std::size_t>(n);
+    std::uint64_t end = stream::no_end;
+    bool asked = false;
+    for (std::size_t i = 0; i < static_cast<std::size_t>(n); ++i) {
+      if (scratch[i] == wire::revert_request_byte) asked = true;
+      if (scratch[i] != wire::end_record_byte) continue;
+      take = i;
+      if (i + wire::end_record_size <= static_cast<std::size_t>(n)) {
+        end = read_le64(scratch + i + 1);
+        take = i + wire::end_record_size;
+      }
+      break;
+    }
+    if (take > 0 && ::recv(s.fd, scratch, take, MSG_DONTWAIT) != static_cast<ssize_t>(take)) return;
+    s.doorbells_in.fetch_add(take);
+    if (asked) s.revert_asked.store(true);
+    if (end != stream::no_end) s.peer_channel_end.store(end);
+    wake_sleepers(s);
+    if (end != stream::no_end || take < static_cast<std::size_t>(n) ||
+        n < static_cast<ssize_t>(sizeof scratch))
+      return;
+  }
+}
+
+void answer_revert_locked(stream& s) {
+  if (!s.revert_asked.load() || s.out_reverted.load() || !s.chan) return;
+  // Our writes must be on the channel to be followed by an end record.
+  if (!s.out_switched.load() && peer_ready(s)) place_hello_locked(s);
+  if (!s.out_switched.load()) return;
+  unsigned char record[wire::end_record_size] = {wire::end_record_byte};
+  std::uint64_t total = s.channel_out.load();
+  for (int i = 0; i < 8; ++i) record[1 + i] = static_cast<unsigned char>(total >> (8 * i));
+  if (!send_all(s.fd, record, sizeof record, 0)) return;
+  s.out_reverted.store(true);
+  log(3, "fd %d: writes back on TCP after %llu channel bytes", s.fd.load(),
+      static_cast<unsigned long long>(total));
+}
+
+void answer_revert(stream& s) {
+  if (!s.revert_asked.load() || s.out_reverted.load()) return;
+  std::unique_lock lock(s.write_mutex, std::try_to_lock);
+  if (lock) answer_revert_locked(s);
+}
+
+bool input_on_tcp(stream& s) {
+  if (s.in_reverted.load()) return true;
+  std::uint64_t end = s.peer_channel_end.load();
+  if (end == stream::no_end || s.channel_in.load() < end) return false;
+  s.in_reverted.store(true);
+  return true;
+}
+
+namespace {
+// Takes a connection back to TCP in both directions (this end initiates):
+// asks the peer for its end record, moves every byte the peer sent before it
+// (raw prefix and channel) into the stash, then places our own end record.
+// Needs the peer to run (any call on the socket, or a wait in poll/epoll);
+// gives up after `patience` and leaves the connection as it was.
+bool take_back(stream& s, std::chrono::milliseconds patience) {
+  auto deadline = clock::now() + patience;
+  std::unique_lock read_lock(s.read_mutex, std::defer_lock);
+  std::unique_lock write_lock(s.write_mutex, std::defer_lock);
+  if (!read_lock.try_lock_for(patience) || !write_lock.try_lock_for(patience)) return false;
+  if (s.state.load() != phase::upgraded || !s.chan) return true;
+  // Our writes first reach the channel (if they have not): only then can the
+  // peer parse our records.
+  while (!s.out_switched.load() && clock::now() < deadline) {
+    if (peer_ready(s)) place_hello_locked(s);
+    if (s.out_switched.load() || s.write_shut.load()) break;
+    (void)s.chan->poll();
+    pollfd pfd{s.fd, 0, 0};
+    ::poll(&pfd, 1, 1);
+  }
+  if (!s.out_switched.load()) return false;
+  unsigned char request = wire::revert_request_byte;
+  if (!s.out_reverted.load() && !send_all(s.fd, &request, 1, 0)) return false;
+
+  std::string taken;
+  thread_local std::vector<char> buffer(1 << 16);
+  while (!input_on_tcp(s)) {
+    if (clock::now() > deadline) {
+      // Give the bytes back to whoever reads next; the channel stays on.
+      log(2, "fd %d: the peer did not answer; connection stays on VMMC", s.fd.load());
+      install_stash(s, taken);
+      return false;
+    }
+    bool moved = false;
+    if (!raw_prefix_done(s)) {
+      if (learn_peer_raw(s)) {
+        std::uint64_t left = *s.peer_raw - s.tcp_in.load();
+        ssize_t n =
+            ::recv(s.fd, buffer.data(), std::min<std::uint64_t>(left, buffer.size()), MSG_DONTWAIT);
+        if (n > 0) {
+          taken.append(buffer.data(), static_cast<std::size_t>(n));
+          s.tcp_in += static_cast<std::uint64_t>(n);
+          moved = true;
+        }
+      }
+    } else {
+      drain_doorbells(s);
+      std::uint64_t end = s.peer_channel_end.load();
+      std::size_t want = buffer.size();
+      if (end != stream::no_end) want = std::min<std::uint64_t>(want, end - s.channel_in.load());
+      std::size_t n = want ? s.chan->read(buffer.data(), want) : 0;
+      if (n > 0) {
+        taken.append(buffer.data(), n);
+        s.channel_in += n;
+        moved = true;
+      }
+    }
+    if (s.revert_asked.load()) answer_revert_locked(s);  // we were asked too
+    if (!moved) {
+      (void)s.chan->poll();
+      pollfd pfd{s.fd, POLLIN, 0};
+      ::poll(&pfd, 1, 1);
+    }
+  }
+  s.revert_asked.store(true);
+  answer_revert_locked(s);
+  if (!s.out_reverted.load()) {
+    install_stash(s, taken);
+    return false;
+  }
+  if (s.stash) {  // an earlier attempt's bytes come first
+    taken.insert(0, s.stash->data() + s.stash->read_at.load(), stash_size(s));
+    ::munmap(s.stash, s.stash->mapped);
+    s.stash = nullptr;
+  }
+  install_stash(s, taken);
+  s.state.store(phase::plain);
+  log(3, "fd %d: back on TCP (%zu bytes stashed)", s.fd.load(), taken.size());
+  return true;
+}
+
+std::chrono::milliseconds revert_patience() {
+  return std::chrono::milliseconds(2000);
+}
+
+void revert_all(bool only_inheritable) {
+  for (auto& s : all_streams()) {
+    if (s->state.load() != phase::upgraded || !s->chan || s->inherited.load()) continue;
+    if (only_inheritable) {
+      int flags = ::fcntl(s->fd, F_GETFD);
+      if (flags < 0 || (flags & FD_CLOEXEC)) continue;
+    }
+    take_back(*s, revert_patience());
+  }
+}
+
+void fork_prepare() {
+  revert_all(false);
+}
+
+void fork_parent() {
+  for (auto& s : all_streams()) s->shared.store(true);
+}
+
+void fork_child() {
+  for (auto& s : all_streams()) {
+    s->shared.store(true);
+    s->inherited.store(true);
+    if (s->state.load() == phase::upgraded && s->chan) s->orphan.store(true);
+  }
+}
+
+constexpr const char* inherit_variable = "VMMC_SOCKETS_INHERIT";
+}  // namespace
+
+}  // namespace vmmc::sockets::detail
+
+namespace vmmc::sockets {
+
+using namespace detail;
+
+bool interposer_enabled() {
+  return core::setting_bool(settings::preload_enable);
+}
+
+void interposer_install() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    ::pthread_atfork(fork_prepare, fork_parent, fork_child);
+    // Connections an exec()ing image handed over with bytes it had taken
+    // off them: "fd:memfd,fd:memfd".
+    const char* inherited = std::getenv(inherit_variable);
+    if (!inherited) return;
+    std::string list = inherited;
+    ::unsetenv(inherit_variable);
+    std::size_t at = 0;
+    while (at < list.size()) {
+      int fd = -1, memfd = -1;
+      if (std::sscanf(list.c_str() + at, "%d:%d", &fd, &memfd) == 2 && fd >= 0 && memfd >= 0) {
+        auto s = adopt(fd, false);
+        s->state.store(phase::plain);
+        s->stash = map_stash(memfd);
+        ::close(memfd);
+      }
+      std::size_t comma = list.find(',', at);
+      at = comma == std::string::npos ? list.size() : comma + 1;
+    }
+  });
+}
+
+char* const* prepare_exec(char* const* envp) {
+  revert_all(true);
+  std::string handed;
+  for (auto& s : all_streams()) {
+    std::size_t left = stash_size(*s);
+    if (left == 0) continue;
+    int flags = ::fcntl(s->fd, F_GETFD);
+    if (flags < 0 || (flags & FD_CLOEXEC)) continue;
+    int memfd = make_stash_memfd(s->stash->data() + s->stash->read_at.load(), left);
+    if (memfd < 0) continue;
+    if (!handed.empty()) handed += ',';
+    handed += std::to_string(s->fd.load()) + ":" + std::to_string(memfd);
+  }
+  if (handed.empty()) return envp;
+  // The new image's interposer adopts them (exec does not return on success;
+  // on failure this small array is what is lost).
+  static std::vector<std::string> strings;
+  static std::vector<char*> pointers;
+  strings.clear();
+  pointers.clear();
+  std::string prefix = std::string(inherit_variable) + "=";
+  for (char* const* e = envp; e && *e; ++e)
+    if (std::strncmp(*e, prefix.c_str(), prefix.size()) != 0) strings.emplace_back(*e);
+  strings.push_back(prefix + handed);
+  for (auto& s : strings) pointers.push_back(s.data());
+  pointers.push_back(nullptr);
+  return pointers.data();
+}
+
+}  // namespace vmmc::sockets
