@@ -65,11 +65,11 @@ int do_send(long type, char* buf, long count, long node, long ptype_unused, long
 }
 
 int post(long typesel, char* buf, long count, long nodesel, long ptypesel, long* info_out,
-         request*& req) {
-  req = nullptr;
-  int e = rt().post_receive({space::user, typesel, nodesel, ptypesel}, buf, count, req);
-  if (!e) req->user_info = info_out;
-  return e;
+         request*& req, const request* how = nullptr) {
+  request extras;
+  if (how) extras = *how;
+  extras.user_info = info_out;
+  return rt().post_receive({space::user, typesel, nodesel, ptypesel}, buf, count, req, &extras);
 }
 
 // Waits for a receive, fills msginfo and releases it.
@@ -191,11 +191,12 @@ int do_probe(long typesel, long nodesel, long ptypesel, long* info_out, bool blo
 int do_hrecv(long typesel, char* buf, long count, long nodesel, long ptypesel, nx_handler h,
              nx_handlerx hx, long hparam, long* mid) {
   if (!h && !hx) return EQLEN;
+  request how;
+  how.handler = h;
+  how.handlerx = hx;
+  how.hparam = hparam;
   request* req;
-  if (int e = post(typesel, buf, count, nodesel, ptypesel, nullptr, req)) return e;
-  req->handler = h;
-  req->handlerx = hx;
-  req->hparam = hparam;
+  if (int e = post(typesel, buf, count, nodesel, ptypesel, nullptr, req, &how)) return e;
   *mid = req->mid;
   rt().run_handlers();
   return 0;
@@ -232,49 +233,57 @@ long _crecvx(long typesel, char* buf, long count, long nodesel, long ptypesel, l
 long csendrecv(long type, char* sbuf, long scount, long node, long ptype, long typesel, char* rbuf,
                long rcount) {
   long n = 0;
-  return or_die("csendrecv",
-                do_sendrecv(type, sbuf, scount, node, ptype, typesel, rbuf, rcount, &n), n);
+  int e = do_sendrecv(type, sbuf, scount, node, ptype, typesel, rbuf, rcount, &n);
+  return or_die("csendrecv", e, n);
 }
 long _csendrecv(long type, char* sbuf, long scount, long node, long ptype, long typesel, char* rbuf,
                 long rcount) {
   long n = 0;
-  return checked(do_sendrecv(type, sbuf, scount, node, ptype, typesel, rbuf, rcount, &n), n);
+  int e = do_sendrecv(type, sbuf, scount, node, ptype, typesel, rbuf, rcount, &n);
+  return checked(e, n);
 }
 
 long isend(long type, char* buf, long count, long node, long ptype) {
   long mid = -1;
-  return or_die("isend", do_send(type, buf, count, node, ptype, &mid), mid);
+  int e = do_send(type, buf, count, node, ptype, &mid);
+  return or_die("isend", e, mid);
 }
 long _isend(long type, char* buf, long count, long node, long ptype) {
   long mid = -1;
-  return checked(do_send(type, buf, count, node, ptype, &mid), mid);
+  int e = do_send(type, buf, count, node, ptype, &mid);
+  return checked(e, mid);
 }
 long irecv(long typesel, char* buf, long count) {
   long mid = -1;
-  return or_die("irecv", do_irecv(typesel, buf, count, -1, -1, nullptr, &mid), mid);
+  int e = do_irecv(typesel, buf, count, -1, -1, nullptr, &mid);
+  return or_die("irecv", e, mid);
 }
 long _irecv(long typesel, char* buf, long count) {
   long mid = -1;
-  return checked(do_irecv(typesel, buf, count, -1, -1, nullptr, &mid), mid);
+  int e = do_irecv(typesel, buf, count, -1, -1, nullptr, &mid);
+  return checked(e, mid);
 }
 long irecvx(long typesel, char* buf, long count, long nodesel, long ptypesel, long info[]) {
   long mid = -1;
-  return or_die("irecvx", do_irecv(typesel, buf, count, nodesel, ptypesel, info, &mid), mid);
+  int e = do_irecv(typesel, buf, count, nodesel, ptypesel, info, &mid);
+  return or_die("irecvx", e, mid);
 }
 long _irecvx(long typesel, char* buf, long count, long nodesel, long ptypesel, long info[]) {
   long mid = -1;
-  return checked(do_irecv(typesel, buf, count, nodesel, ptypesel, info, &mid), mid);
+  int e = do_irecv(typesel, buf, count, nodesel, ptypesel, info, &mid);
+  return checked(e, mid);
 }
 long isendrecv(long type, char* sbuf, long scount, long node, long ptype, long typesel, char* rbuf,
                long rcount) {
   long mid = -1;
-  return or_die("isendrecv",
-                do_isendrecv(type, sbuf, scount, node, ptype, typesel, rbuf, rcount, &mid), mid);
+  int e = do_isendrecv(type, sbuf, scount, node, ptype, typesel, rbuf, rcount, &mid);
+  return or_die("isendrecv", e, mid);
 }
 long _isendrecv(long type, char* sbuf, long scount, long node, long ptype, long typesel, char* rbuf,
                 long rcount) {
   long mid = -1;
-  return checked(do_isendrecv(type, sbuf, scount, node, ptype, typesel, rbuf, rcount, &mid), mid);
+  int e = do_isendrecv(type, sbuf, scount, node, ptype, typesel, rbuf, rcount, &mid);
+  return checked(e, mid);
 }
 
 void msgwait(long mid) {
@@ -285,11 +294,13 @@ long _msgwait(long mid) {
 }
 long msgdone(long mid) {
   long done = 0;
-  return or_die("msgdone", do_msgdone(mid, &done), done);
+  int e = do_msgdone(mid, &done);
+  return or_die("msgdone", e, done);
 }
 long _msgdone(long mid) {
   long done = 0;
-  return checked(do_msgdone(mid, &done), done);
+  int e = do_msgdone(mid, &done);
+  return checked(e, done);
 }
 void msgcancel(long mid) {
   or_die("msgcancel", do_msgcancel(mid));
@@ -320,19 +331,23 @@ long _cprobex(long typesel, long nodesel, long ptypesel, long info[]) {
 }
 long iprobe(long typesel) {
   long found = 0;
-  return or_die("iprobe", do_probe(typesel, -1, -1, nullptr, false, &found), found);
+  int e = do_probe(typesel, -1, -1, nullptr, false, &found);
+  return or_die("iprobe", e, found);
 }
 long _iprobe(long typesel) {
   long found = 0;
-  return checked(do_probe(typesel, -1, -1, nullptr, false, &found), found);
+  int e = do_probe(typesel, -1, -1, nullptr, false, &found);
+  return checked(e, found);
 }
 long iprobex(long typesel, long nodesel, long ptypesel, long info[]) {
   long found = 0;
-  return or_die("iprobex", do_probe(typesel, nodesel, ptypesel, info, false, &found), found);
+  int e = do_probe(typesel, nodesel, ptypesel, info, false, &found);
+  return or_die("iprobex", e, found);
 }
 long _iprobex(long typesel, long nodesel, long ptypesel, long info[]) {
   long found = 0;
-  return checked(do_probe(typesel, nodesel, ptypesel, info, false, &found), found);
+  int e = do_probe(typesel, nodesel, ptypesel, info, false, &found);
+  return checked(e, found);
 }
 
 long infocount(void) {
@@ -352,24 +367,25 @@ long infoptype(void) {
 
 long hrecv(long typesel, char* buf, long count, nx_handler handler) {
   long mid = -1;
-  return or_die("hrecv", do_hrecv(typesel, buf, count, -1, -1, handler, nullptr, 0, &mid), mid);
+  int e = do_hrecv(typesel, buf, count, -1, -1, handler, nullptr, 0, &mid);
+  return or_die("hrecv", e, mid);
 }
 long _hrecv(long typesel, char* buf, long count, nx_handler handler) {
   long mid = -1;
-  return checked(do_hrecv(typesel, buf, count, -1, -1, handler, nullptr, 0, &mid), mid);
+  int e = do_hrecv(typesel, buf, count, -1, -1, handler, nullptr, 0, &mid);
+  return checked(e, mid);
 }
 long hrecvx(long typesel, char* buf, long count, long nodesel, long ptypesel, nx_handlerx handler,
             long hparam) {
   long mid = -1;
-  return or_die("hrecvx",
-                do_hrecv(typesel, buf, count, nodesel, ptypesel, nullptr, handler, hparam, &mid),
-                mid);
+  int e = do_hrecv(typesel, buf, count, nodesel, ptypesel, nullptr, handler, hparam, &mid);
+  return or_die("hrecvx", e, mid);
 }
 long _hrecvx(long typesel, char* buf, long count, long nodesel, long ptypesel, nx_handlerx handler,
              long hparam) {
   long mid = -1;
-  return checked(do_hrecv(typesel, buf, count, nodesel, ptypesel, nullptr, handler, hparam, &mid),
-                 mid);
+  int e = do_hrecv(typesel, buf, count, nodesel, ptypesel, nullptr, handler, hparam, &mid);
+  return checked(e, mid);
 }
 long masktrap(long state) {
   return rt().mask(state);

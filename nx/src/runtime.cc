@@ -321,7 +321,8 @@ void runtime::sent_one(request* owner) {
 
 // ---------------------------------------------------------------- receiving
 
-int runtime::post_receive(const selector& sel, void* buffer, long count, request*& out) {
+int runtime::post_receive(const selector& sel, void* buffer, long count, request*& out,
+                          const request* how) {
   if (sel.type < -1 || sel.type > 0x7fffffffL) return EQTYPE;
   if (count < 0 || (count > 0 && !buffer)) return EQLEN;
   if (sel.node < -1 || sel.node >= nodes_) return EQBADNODE;
@@ -329,6 +330,12 @@ int runtime::post_receive(const selector& sel, void* buffer, long count, request
   r->sel = sel;
   r->buffer = static_cast<std::byte*>(buffer);
   r->capacity = static_cast<std::size_t>(count);
+  if (how) {
+    r->user_info = how->user_info;
+    r->handler = how->handler;
+    r->handlerx = how->handlerx;
+    r->hparam = how->hparam;
+  }
   out = r;
   progress();
   for (auto it = arrivals_.begin(); it != arrivals_.end(); ++it) {

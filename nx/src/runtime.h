@@ -83,8 +83,10 @@ class runtime {
   // Sends to `node` (-1: all others). With `async` null, returns when `data`
   // may be reused; else *async is a request that finishes then.
   int send(space where, long type, const void* data, long count, long node, request** async);
-  // Posts a receive. The request is done when the message is in `buffer`.
-  int post_receive(const selector& sel, void* buffer, long count, request*& out);
+  // Posts a receive. The request is done when the message is in `buffer`;
+  // `how` (may be null) supplies user_info and the handler fields.
+  int post_receive(const selector& sel, void* buffer, long count, request*& out,
+                   const request* how = nullptr);
   // Blocks until `r` is done (or a node died); does not release it.
   int wait(request* r);
   // Looks for an arrived message; with `block`, waits for one.

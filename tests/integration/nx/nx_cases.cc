@@ -1,0 +1,514 @@
+// tests/integration/nx/nx_cases.cc: NX test program, started by nxrun or
+// mpirun (test_nx.cc drives it). `nx_cases <suite>` runs one suite on every
+// node; a failed check prints where and exits with status 3, which ends the
+// job with an error.
+#include <nx.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+long me, nodes;
+
+#define CHECK(cond)                                                                               \
+  do {                                                                                            \
+    if (!(cond)) {                                                                                \
+      std::fprintf(stderr, "node %ld: %s:%d: CHECK(%s) failed\n", me, __FILE__, __LINE__, #cond); \
+      std::exit(3);                                                                               \
+    }                                                                                             \
+  } while (0)
+
+char* ptr(void* p) {
+  return static_cast<char*>(p);
+}
+char pattern(long seed, long i) {
+  return static_cast<char>((seed * 131 + i * 7) & 0xff);
+}
+std::vector<char> payload(long seed, long n) {
+  std::vector<char> v(static_cast<std::size_t>(n));
+  for (long i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = pattern(seed, i);
+  return v;
+}
+bool is_payload(const char* p, long seed, long n) {
+  for (long i = 0; i < n; ++i)
+    if (p[i] != pattern(seed, i)) return false;
+  return true;
+}
+
+// ---------------------------------------------------------------- point to point
+
+void basic_and_selection() {
+  // Exact and -1 type selection, node selection, msginfo and info[].
+  if (me == 0) {
+    auto a = payload(1, 100), b = payload(2, 200000);
+    csend(10, a.data(), 100, 1, 0);
+    csend(11, b.data(), 200000, 1, 0);
+    csend(12, nullptr, 0, 1, 0);
+  } else if (me == 1) {
+    std::vector<char> buf(200000);
+    crecv(11, buf.data(), 200000);  // exact type: skips the earlier type 10
+    CHECK(is_payload(buf.data(), 2, 200000));
+    CHECK(infotype() == 11 && infocount() == 200000 && infonode() == 0 && infoptype() == 0);
+    long info[8] = {};
+    crecvx(-1, buf.data(), 1000, 0, -1, info);  // any type: the waiting type 10
+    CHECK(info[NX_INFO_TYPE] == 10 && info[NX_INFO_COUNT] == 100 && info[NX_INFO_NODE] == 0);
+    CHECK(is_payload(buf.data(), 1, 100));
+    crecvx(12, buf.data(), 0, -1, 0, info);
+    CHECK(info[NX_INFO_COUNT] == 0 && msginfo[NX_INFO_TYPE] == 12);
+  }
+  gsync();
+}
+
+void node_selection_and_broadcast() {
+  // Node -1 sends to every other node; crecvx selects by node.
+  std::vector<char> buf(64);
+  if (me == 0) {
+    auto a = payload(3, 64);
+    csend(20, a.data(), 64, -1, 0);
+  } else {
+    long info[4];
+    crecvx(20, buf.data(), 64, 0, -1, info);
+    CHECK(is_payload(buf.data(), 3, 64) && info[NX_INFO_NODE] == 0);
+  }
+  // Everyone sends type 21 to the last node, which takes them in node order.
+  long last = nodes - 1;
+  if (me != last) {
+    long value = me * 1000;
+    csend(21, ptr(&value), sizeof value, last, 0);
+  } else {
+    for (long from = nodes - 2; from >= 0; --from) {
+      long value = -1;
+      crecvx(21, ptr(&value), sizeof value, from, -1, nullptr);
+      CHECK(value == from * 1000 && infonode() == from);
+    }
+  }
+  gsync();
+}
+
+void probes() {
+  if (me == 0) {
+    gsync();
+    auto a = payload(4, 3000);
+    csend(30, a.data(), 3000, 1, 0);
+    gsync();
+  } else if (me == 1) {
+    CHECK(iprobe(30) == 0);
+    gsync();
+    cprobe(30);
+    CHECK(infocount() == 3000 && infonode() == 0 && infotype() == 30);
+    long info[4] = {};
+    long found = iprobex(-1, 0, -1, info);
+    CHECK(found == 1 && info[NX_INFO_COUNT] == 3000);
+    CHECK(iprobex(30, 0, 5, info) == 0);  // ptype 5 selects nothing
+    cprobex(-1, -1, -1, info);
+    CHECK(info[NX_INFO_TYPE] == 30);
+    std::vector<char> buf(3000);
+    crecv(30, buf.data(), 3000);
+    CHECK(is_payload(buf.data(), 4, 3000));
+    CHECK(iprobe(30) == 0);
+    gsync();
+  } else {
+    gsync();
+    gsync();
+  }
+}
+
+void asynchronous() {
+  std::vector<char> buf(1 << 20);
+  if (me == 0) {
+    auto a = payload(5, 1 << 20);
+    long mid = isend(40, a.data(), 1 << 20, 1, 0);
+    msgwait(mid);
+    long mid2 = isend(41, a.data(), 10, 1, 0);
+    while (!msgdone(mid2)) {
+    }
+    CHECK(_msgwait(mid2) == -1 && errno == EQNOMID);  // released by msgdone
+  } else if (me == 1) {
+    long info[4] = {};
+    long mid = irecvx(40, buf.data(), 1 << 20, 0, -1, info);
+    char small[10];
+    long mid2 = irecv(41, small, 10);
+    msgwait(mid);
+    CHECK(info[NX_INFO_COUNT] == (1 << 20) && infocount() == (1 << 20));
+    CHECK(is_payload(buf.data(), 5, 1 << 20));
+    while (!msgdone(mid2)) {
+    }
+    CHECK(infocount() == 10 && is_payload(small, 5, 10));
+  }
+  gsync();
+}
+
+void many_outstanding() {
+  // 1,000 isends and 1,000 irecvs in flight at once, sizes 0 .. 64 KiB.
+  const long count = 1000;
+  auto size_of = [](long i) { return (i * 977) % 65536; };
+  if (me == 0 || me == 1) {
+    long peer = 1 - me;
+    std::vector<std::vector<char>> out(count), in(count);
+    std::vector<long> mids;
+    for (long i = 0; i < count; ++i) {
+      in[static_cast<std::size_t>(i)].resize(static_cast<std::size_t>(size_of(i)) + 1);
+      mids.push_back(irecv(1000 + i, in[static_cast<std::size_t>(i)].data(), size_of(i)));
+    }
+    for (long i = 0; i < count; ++i) {
+      out[static_cast<std::size_t>(i)] = payload(me * count + i, size_of(i));
+      mids.push_back(isend(1000 + i, out[static_cast<std::size_t>(i)].data(), size_of(i), peer, 0));
+      mids.push_back(isend(3000 + i, nullptr, 0, peer, 0));
+    }
+    for (long mid : mids) msgwait(mid);
+    for (long i = 0; i < count; ++i)
+      CHECK(is_payload(in[static_cast<std::size_t>(i)].data(), peer * count + i, size_of(i)));
+    // The empty messages sent alongside wait unreceived; take them in reverse.
+    for (long i = count - 1; i >= 0; --i) crecv(3000 + i, nullptr, 0);
+  }
+  gsync();
+}
+
+void fifo_order() {
+  if (me == 0) {
+    for (long i = 0; i < 200; ++i) {
+      long size = (i % 7 == 0) ? 300000 : 8;
+      std::vector<char> a = payload(i, size);
+      csend(50, a.data(), size, 1, 0);
+    }
+  } else if (me == 1) {
+    std::vector<char> buf(300000);
+    for (long i = 0; i < 200; ++i) {
+      crecv(-1, buf.data(), 300000);
+      long size = (i % 7 == 0) ? 300000 : 8;
+      CHECK(infocount() == size && is_payload(buf.data(), i, size));
+    }
+  }
+  gsync();
+}
+
+void force_types() {
+  const long force = NX_FORCE_TYPE | 60;
+  char buf[16] = {};
+  if (me == 0) {
+    char x[16] = "first";
+    csend(force, x, 16, 1, 0);  // node 1 has no receive for it: dropped
+    csend(61, x, 16, 1, 0);
+    gsync();  // node 1 posts irecv(force) and irecv(-1) before this
+    char y[16] = "second";
+    csend(force, y, 16, 1, 0);
+    csend(62, y, 16, 1, 0);
+    gsync();
+  } else if (me == 1) {
+    crecv(61, buf, 16);  // the FORCE message came first and found no receive
+    CHECK(iprobe(force) == 0);
+    long any = irecv(-1, buf, 16);  // -1 never selects a FORCE type
+    char fbuf[16] = {};
+    long forced = irecv(force, fbuf, 16);
+    gsync();
+    msgwait(forced);
+    CHECK(std::strcmp(fbuf, "second") == 0 && infotype() == force);
+    msgwait(any);
+    CHECK(infotype() == 62);
+    gsync();
+  } else {
+    gsync();
+    gsync();
+  }
+}
+
+long handled_type = -1, handled_count = -1, handled_node = -1, handled_param = -1;
+void handler(long type, long count, long node, long) {
+  handled_type = type, handled_count = count, handled_node = node;
+}
+void handlerx(long type, long, long, long, long hparam) {
+  handled_type = type, handled_param = hparam;
+}
+
+void handlers() {
+  char buf[32] = {};
+  if (me == 0) {
+    gsync();
+    csend(70, ptr(const_cast<char*>("hello")), 6, 1, 0);
+    gsync();
+    csend(71, ptr(const_cast<char*>("x")), 2, 1, 0);
+    gsync();
+  } else if (me == 1) {
+    CHECK(masktrap(1) == 0);
+    hrecv(70, buf, sizeof buf, handler);
+    gsync();
+    gsync();  // the message came before this (pairwise order) but is masked
+    CHECK(handled_type == -1);
+    CHECK(masktrap(0) == 1);  // unmasking runs it
+    CHECK(handled_type == 70 && handled_count == 6 && handled_node == 0);
+    CHECK(std::strcmp(buf, "hello") == 0);
+    hrecvx(71, buf, sizeof buf, 0, -1, handlerx, 1234);
+    gsync();
+    for (double end = dclock() + 10; handled_param != 1234 && dclock() < end;) flick();
+    CHECK(handled_type == 71 && handled_param == 1234);
+  } else {
+    gsync();
+    gsync();
+    gsync();
+  }
+}
+
+void errors_and_limits() {
+  // Message too long: the first bytes land, EQMSGLONG, msginfo has the length.
+  if (me == 0) {
+    auto a = payload(8, 100);
+    csend(80, a.data(), 100, 1, 0);
+    csend(81, a.data(), 100, 1, 0);
+  } else if (me == 1) {
+    char small[10] = {};
+    CHECK(_crecv(80, small, 10) == -1 && errno == EQMSGLONG);
+    CHECK(is_payload(small, 8, 10) && infocount() == 100);
+    long mid = _irecv(81, small, 10);
+    CHECK(mid > 0 && _msgwait(mid) == -1 && errno == EQMSGLONG);
+  }
+  CHECK(_csend(1, nullptr, 0, nodes, 0) == -1 && errno == EQBADNODE);
+  CHECK(_csend(-5, nullptr, 0, 0, 0) == -1 && errno == EQTYPE);
+  CHECK(_crecv(1, nullptr, -1) == -1 && errno == EQLEN);
+  CHECK(_msgwait(999999) == -1 && errno == EQNOMID);
+  CHECK(_msgdone(999999) == -1 && errno == EQNOMID);
+  CHECK(_msgcancel(999999) == -1 && errno == EQNOMID);
+  CHECK(_iprobex(1, nodes + 3, -1, nullptr) == -1 && errno == EQBADNODE);
+  gsync();
+}
+
+void cancel_ignore_sendrecv() {
+  char a[8] = {}, b[8] = {};
+  if (me == 1) {
+    long mid = irecv(90, a, 8);
+    msgcancel(mid);  // withdrawn: the message goes to the next receive
+    CHECK(_msgwait(mid) == -1 && errno == EQNOMID);
+    long ignored = irecv(91, b, 8);
+    msgignore(ignored);  // still receives, nobody waits
+  }
+  gsync();
+  if (me == 0) {
+    csend(90, ptr(const_cast<char*>("cancel")), 7, 1, 0);
+    csend(91, ptr(const_cast<char*>("ignore")), 7, 1, 0);
+  } else if (me == 1) {
+    char c[8] = {};
+    crecv(90, c, 8);
+    CHECK(std::strcmp(c, "cancel") == 0 && a[0] == 0);
+    for (double end = dclock() + 10; b[0] == 0 && dclock() < end;) flick();
+    CHECK(std::strcmp(b, "ignore") == 0);
+  }
+  gsync();
+  // csendrecv / isendrecv: 0 and 1 swap values.
+  if (me <= 1) {
+    long mine = me + 100, theirs = 0;
+    CHECK(csendrecv(92, ptr(&mine), sizeof mine, 1 - me, 0, 92, ptr(&theirs), sizeof theirs) ==
+          sizeof theirs);
+    CHECK(theirs == 1 - me + 100);
+    long mid = isendrecv(93, ptr(&mine), sizeof mine, 1 - me, 0, 93, ptr(&theirs), sizeof theirs);
+    msgwait(mid);
+    CHECK(theirs == 1 - me + 100 && infonode() == 1 - me);
+  }
+  gsync();
+}
+
+void environment() {
+  CHECK(numnodes() == nodes && mynode() == me);
+  CHECK(myptype() == 0);
+  setptype(7);
+  CHECK(myptype() == 7);
+  double t0 = dclock();
+  long m0 = mclock();
+  usleep(2000);
+  CHECK(dclock() > t0 && mclock() >= m0);
+  flick();
+  // ptype selection: node 0 sends as ptype 7, node 1 selects ptype 7.
+  if (me == 0) {
+    csend(100, ptr(const_cast<char*>("p")), 2, 1, 7);
+  } else if (me == 1) {
+    char b[2];
+    long info[4];
+    crecvx(100, b, 2, 0, 7, info);
+    CHECK(info[NX_INFO_PTYPE] == 7 && infoptype() == 7);
+  }
+  // A node sends to itself.
+  long x = 42, y = 0;
+  csend(101, ptr(&x), sizeof x, me, 7);
+  crecv(101, ptr(&y), sizeof y);
+  CHECK(y == 42 && infonode() == me);
+  setptype(0);
+  gsync();
+}
+
+// ---------------------------------------------------------------- collectives
+
+double dvalue(long node, long i) {
+  return 1.0 / static_cast<double>(node + 1) + 0.25 * static_cast<double>(i);
+}
+long lvalue(long node, long i) {
+  return (node + 3) * (i + 1) ^ (node << i % 5);
+}
+
+long combine_max(char* x, char* y) {
+  auto* a = reinterpret_cast<long*>(x);
+  auto* b = reinterpret_cast<long*>(y);
+  for (int i = 0; i < 3; ++i) a[i] = a[i] > b[i] ? a[i] : b[i];
+  return 0;
+}
+
+void collectives() {
+  const long n = 17;
+  double d[n], dw[n];
+  float f[n], fw[n];
+  long l[n], lw[n];
+  auto fill = [&] {
+    for (long i = 0; i < n; ++i) {
+      d[i] = dvalue(me, i);
+      f[i] = static_cast<float>(dvalue(me, i));
+      l[i] = lvalue(me, i);
+    }
+  };
+  // Serial answers: every node's contributions combined in node order.
+  auto serial_d = [&](long i, int op) {
+    double r = dvalue(0, i);
+    for (long k = 1; k < nodes; ++k) {
+      double v = dvalue(k, i);
+      r = op == 0 ? r + v : op == 1 ? r * v : op == 2 ? std::max(r, v) : std::min(r, v);
+    }
+    return r;
+  };
+  auto serial_l = [&](long i, int op) {
+    long r = lvalue(0, i);
+    for (long k = 1; k < nodes; ++k) {
+      long v = lvalue(k, i);
+      switch (op) {
+        case 0:
+          r += v;
+          break;
+        case 1:
+          r *= v;
+          break;
+        case 2:
+          r = std::max(r, v);
+          break;
+        case 3:
+          r = std::min(r, v);
+          break;
+        case 4:
+          r &= v;
+          break;
+        case 5:
+          r |= v;
+          break;
+        case 6:
+          r ^= v;
+          break;
+        case 7:
+          r = r && v;
+          break;
+        case 8:
+          r = r || v;
+          break;
+      }
+    }
+    return r;
+  };
+  auto close = [](double a, double b) { return std::fabs(a - b) <= 1e-9 * std::fabs(b) + 1e-12; };
+  auto closef = [](float a, double b) { return std::fabs(a - b) <= 1e-4 * std::fabs(b) + 1e-6; };
+
+  void (*dops[])(double*, long, double*) = {gdsum, gdprod, gdhigh, gdlow};
+  void (*fops[])(float*, long, float*) = {gssum, gsprod, gshigh, gslow};
+  void (*lops[])(long*, long, long*) = {gisum, giprod, gihigh, gilow, giand,
+                                        gior,  gixor,  gland,  glor};
+  for (int op = 0; op < 4; ++op) {
+    fill();
+    dops[op](d, n, dw);
+    fops[op](f, n, fw);
+    for (long i = 0; i < n; ++i)
+      CHECK(close(d[i], serial_d(i, op)) && closef(f[i], serial_d(i, op)));
+  }
+  for (int op = 0; op < 9; ++op) {
+    fill();
+    if (op == 7) l[3] = me == nodes - 1 ? 0 : l[3];  // one false makes gland false
+    lops[op](l, n, lw);
+    for (long i = 0; i < n; ++i) {
+      long want = serial_l(i, op);
+      if (op == 7 && i == 3) want = 0;
+      CHECK(l[i] == want);
+    }
+  }
+  gsync();
+
+  long triple[3] = {me, 10 - me, me * me}, work[3];
+  gopf(ptr(triple), sizeof triple, ptr(work), combine_max);
+  CHECK(triple[0] == nodes - 1 && triple[1] == 10 && triple[2] == (nodes - 1) * (nodes - 1));
+
+  // gcol: node k contributes k+1 bytes of value k.
+  std::vector<char> mine(static_cast<std::size_t>(me + 1), static_cast<char>(me)), all(64);
+  long total = 0;
+  gcol(mine.data(), me + 1, all.data(), 64, &total);
+  CHECK(total == nodes * (nodes + 1) / 2);
+  for (long k = 0, at = 0; k < nodes; ++k)
+    for (long j = 0; j <= k; ++j) CHECK(all[static_cast<std::size_t>(at++)] == k);
+  std::vector<long> lens;
+  for (long k = 0; k < nodes; ++k) lens.push_back(k + 1);
+  std::vector<char> all2(64);
+  gcolx(mine.data(), lens.data(), all2.data());
+  CHECK(std::memcmp(all.data(), all2.data(), static_cast<std::size_t>(total)) == 0);
+  for (int i = 0; i < 50; ++i) gsync();
+}
+
+// ---------------------------------------------------------------- failures
+
+void killed() {
+  // Node nodes-1 dies while everyone else waits for it.
+  if (me == nodes - 1) {
+    usleep(100000);
+    ::kill(::getpid(), SIGKILL);
+  }
+  char b[4];
+  crecv(999, b, 4);  // never sent: the job must end instead of hanging
+}
+
+void too_long_plain() {
+  if (me == 0) csend(5, ptr(const_cast<char*>("too long")), 9, 1, 0);
+  if (me == 1) {
+    char b[2];
+    crecv(5, b, 2);  // the plain form prints the error and terminates
+  }
+  gsync();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  me = mynode();
+  nodes = numnodes();
+  std::string suite = argc > 1 ? argv[1] : "p2p";
+  if (suite == "p2p") {
+    CHECK(nodes >= 2);
+    basic_and_selection();
+    node_selection_and_broadcast();
+    probes();
+    asynchronous();
+    many_outstanding();
+    fifo_order();
+    force_types();
+    handlers();
+    errors_and_limits();
+    cancel_ignore_sendrecv();
+    environment();
+  } else if (suite == "collectives") {
+    collectives();
+  } else if (suite == "killed") {
+    killed();
+  } else if (suite == "too_long") {
+    too_long_plain();
+  } else {
+    std::fprintf(stderr, "unknown suite %s\n", suite.c_str());
+    return 2;
+  }
+  if (me == 0) std::printf("nx_cases %s: %ld nodes ok\n", suite.c_str(), nodes);
+  return 0;
+}

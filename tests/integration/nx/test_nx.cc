@@ -1,0 +1,63 @@
+// tests/integration/nx/test_nx.cc: runs nx_cases suites as NX jobs, under
+// nxrun and under mpirun (PMIx), and checks how each job ends.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <string>
+
+namespace {
+
+// Runs a shell command with a deadline; returns its exit status (124: timed out).
+int run(const std::string& command, int seconds = 60) {
+  std::string line = "timeout -k 5 " + std::to_string(seconds) + " " + command;
+  int status = std::system(line.c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+std::string nxrun(int nodes, const std::string& suite) {
+  return std::string(NXRUN) + " -n " + std::to_string(nodes) + " " + NX_CASES + " " + suite;
+}
+
+std::string mpirun(int nodes, const std::string& suite) {
+  return "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader "
+         "mpirun --oversubscribe -n " +
+         std::to_string(nodes) + " " + NX_CASES + " " + suite;
+}
+
+}  // namespace
+
+TEST(nx_nxrun, point_to_point_2_nodes) {
+  EXPECT_EQ(run(nxrun(2, "p2p")), 0);
+}
+TEST(nx_nxrun, point_to_point_3_nodes) {
+  EXPECT_EQ(run(nxrun(3, "p2p")), 0);
+}
+
+TEST(nx_nxrun, collectives_1_to_4_nodes) {
+  for (int n = 1; n <= 4; ++n) EXPECT_EQ(run(nxrun(n, "collectives")), 0) << n << " nodes";
+}
+
+TEST(nx_nxrun, plain_form_error_terminates_the_job) {
+  EXPECT_EQ(run(nxrun(2, "too_long")), 1);
+}
+
+TEST(nx_nxrun, killed_node_ends_the_job_with_an_error) {
+  EXPECT_EQ(run(nxrun(3, "killed"), 30), 1);
+}
+
+TEST(nx_nxrun, program_that_cannot_start) {
+  EXPECT_NE(run(std::string(NXRUN) + " -n 2 /nonexistent/program"), 0);
+}
+
+TEST(nx_mpirun, point_to_point_and_collectives_4_nodes) {
+  EXPECT_EQ(run(mpirun(4, "p2p")), 0);
+  EXPECT_EQ(run(mpirun(4, "collectives")), 0);
+  EXPECT_EQ(run(mpirun(3, "collectives")), 0);
+}
+
+TEST(nx_mpirun, killed_node_ends_the_job_with_an_error) {
+  int status = run(mpirun(3, "killed"), 40);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(status, 124) << "the job hung";
+}
