@@ -15,6 +15,7 @@
 
 #include "bench_common.h"
 #include "bench_core.h"
+#include "bench_nx.h"
 #include "bench_sockets.h"
 
 namespace {
@@ -31,6 +32,7 @@ const std::vector<benchmark>& benchmarks() {
   static const std::vector<benchmark> all = {
       {"core", vmmc::bench::run_core_benchmark},
       {"sockets", vmmc::bench::run_sockets_benchmark},
+      {"nx", vmmc::bench::run_nx_benchmark},
   };
   return all;
 }

@@ -1,0 +1,108 @@
+// tests/bench/bench_nx.cc: the `nx` benchmark (see bench_nx.h). Each side is
+// a job of its own launcher; node 0 prints "<what> <size> <microseconds>"
+// lines that are parsed here.
+#include "bench_nx.h"
+
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace vmmc::bench {
+namespace {
+
+// (what, size) -> microseconds
+using job_result = std::map<std::pair<std::string, std::size_t>, double>;
+
+job_result run_job(const std::string& command) {
+  FILE* out = ::popen(("timeout -k 5 300 " + command).c_str(), "r");
+  if (!out) throw std::runtime_error("cannot start: " + command);
+  job_result r;
+  char line[256];
+  while (std::fgets(line, sizeof line, out)) {
+    std::istringstream in(line);
+    std::string what;
+    std::size_t size;
+    double us;
+    if (in >> what >> size >> us) r[{what, size}] = us;
+  }
+  int status = ::pclose(out);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    throw std::runtime_error("job failed: " + command);
+  return r;
+}
+
+// Keeps the better (smaller) time of each figure.
+void keep_best(job_result& best, const job_result& run) {
+  for (const auto& [key, us] : run) {
+    auto it = best.find(key);
+    if (it == best.end() || us < it->second) best[key] = us;
+  }
+}
+
+std::string join(const std::vector<std::size_t>& sizes) {
+  std::string s;
+  for (std::size_t v : sizes) s += (s.empty() ? "" : ",") + std::to_string(v);
+  return s;
+}
+
+double value(const job_result& r, const std::string& what, std::size_t size) {
+  auto it = r.find({what, size});
+  return it == r.end() ? not_measured : it->second;
+}
+
+}  // namespace
+
+void run_nx_benchmark(const options& opts, std::vector<result_row>& rows) {
+  std::vector<std::size_t> sizes;
+  if (opts.quick) {
+    sizes = {0, 64, 4096, 65536, 1 << 20, 8 << 20};
+  } else {
+    sizes.push_back(0);
+    for (std::size_t s = 1; s <= (4u << 20); s *= 4) sizes.push_back(s);
+    sizes.push_back(8 << 20);
+  }
+  const int runs = opts.quick ? 1 : 3;
+  const std::string args = std::string(" ") + (opts.quick ? "1 " : "0 ") + join(sizes);
+  const std::string mpirun =
+      "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe "
+      "--mca pml ob1 --mca btl self,vader -n ";
+
+  for (int nodes : {2, 4}) {
+    job_result ours, openmpi;
+    for (int run = 0; run < runs; ++run) {
+      std::cerr << "measuring nx and openmpi, " << nodes << " processes, run " << run + 1 << "\n";
+      keep_best(ours, run_job(std::string(VMMC_NXRUN) + " -n " + std::to_string(nodes) + " " +
+                              VMMC_NX_NODE + args));
+      keep_best(openmpi, run_job(mpirun + std::to_string(nodes) + " " + VMMC_MPI_REFERENCE + args));
+    }
+    if (nodes == 2) {
+      std::vector<double> lat, lat_ref, bw, bw_ref;
+      std::vector<std::size_t> bw_sizes;
+      for (std::size_t s : sizes) {
+        lat.push_back(value(ours, "pingpong", s));
+        lat_ref.push_back(value(openmpi, "pingpong", s));
+        if (s == 0) continue;
+        bw_sizes.push_back(s);
+        bw.push_back(static_cast<double>(s) / lat.back() / 1e3);
+        bw_ref.push_back(static_cast<double>(s) / lat_ref.back() / 1e3);
+      }
+      add_rows(rows, "nx/latency", metric::latency_us, sizes, lat, {{"openmpi", lat_ref}});
+      add_rows(rows, "nx/bandwidth", metric::bandwidth_GBps, bw_sizes, bw, {{"openmpi", bw_ref}});
+    }
+    const std::string suffix = "_" + std::to_string(nodes) + "p";
+    add_rows(rows, "nx/gdsum" + suffix, metric::latency_us, {8}, {value(ours, "gdsum", 1)},
+             {{"openmpi", {value(openmpi, "gdsum", 1)}}});
+    add_rows(rows, "nx/gsync" + suffix, metric::latency_us, {0}, {value(ours, "gsync", 0)},
+             {{"openmpi", {value(openmpi, "gsync", 0)}}});
+  }
+}
+
+}  // namespace vmmc::bench

@@ -1,0 +1,25 @@
+// tests/bench/bench_nx.h: the `nx` benchmark of vmmc-bench.
+//
+// "ours" is NX over VMMC (nx_node.c under nxrun), the reference "openmpi"
+// Debian's Open MPI (mpi_reference.c under mpirun, shared-memory transport:
+// ob1 + vader), the same loops in the same run, alternating jobs:
+//   nx/latency       one-way ping-pong latency, csend/crecv vs MPI_Send/Recv
+//                    (0 B .. 8 MiB, 2 processes)
+//   nx/bandwidth     the same ping-pong as bytes per one-way time
+//   nx/gdsum_<N>p    gdsum of one double vs MPI_Allreduce, N = 2 and 4 processes
+//   nx/gsync_<N>p    gsync vs MPI_Barrier
+// Each figure is the best of the runs' medians (1 run each with --quick, 3
+// otherwise). options::providers is ignored: nx uses the same-host path.
+#pragma once
+
+#include <vector>
+
+#include "bench_common.h"
+
+namespace vmmc::bench {
+
+// Measures the nx benchmark and appends its rows. Throws on failure
+// (a job that fails, or no mpirun/mpi_reference: then "openmpi" is missing).
+void run_nx_benchmark(const options& opts, std::vector<result_row>& rows);
+
+}  // namespace vmmc::bench
