@@ -17,6 +17,7 @@
 #include "bench_core.h"
 #include "bench_nx.h"
 #include "bench_sockets.h"
+#include "bench_vrpc.h"
 
 namespace {
 
@@ -33,6 +34,7 @@ const std::vector<benchmark>& benchmarks() {
       {"core", vmmc::bench::run_core_benchmark},
       {"sockets", vmmc::bench::run_sockets_benchmark},
       {"nx", vmmc::bench::run_nx_benchmark},
+      {"vrpc", vmmc::bench::run_vrpc_benchmark},
   };
   return all;
 }

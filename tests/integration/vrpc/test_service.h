@@ -42,6 +42,13 @@ inline bool_t xdr_blob(XDR* xdrs, blob* b) {
   return xdr_bytes(xdrs, &b->data, &b->length, ~0u);
 }
 
+// proc_sink decodes into one buffer of this size, as a service that owns its
+// memory would (no allocation per call).
+constexpr u_int sink_capacity = 64u << 20;
+inline bool_t xdr_sink_blob(XDR* xdrs, blob* b) {
+  return xdr_bytes(xdrs, &b->data, &b->length, sink_capacity);
+}
+
 template <class F>
 xdrproc_t proc(F f) {
   return reinterpret_cast<xdrproc_t>(reinterpret_cast<void*>(f));
@@ -100,11 +107,11 @@ inline void dispatch(svc_req* request, SVCXPRT* xprt) {
       svc_sendreply(xprt, proc(xdr_u_int), &oneway_calls);
       return;
     case proc_sink: {
-      blob b;
-      if (!svc_getargs(xprt, proc(xdr_blob), &b)) return svcerr_decode(xprt);
+      static std::string space(sink_capacity, '\0');
+      blob b{0, space.data()};
+      if (!svc_getargs(xprt, proc(xdr_sink_blob), &b)) return svcerr_decode(xprt);
       u_int n = b.length;
       svc_sendreply(xprt, proc(xdr_u_int), &n);
-      svc_freeargs(xprt, proc(xdr_blob), &b);
       return;
     }
     case proc_source: {
@@ -135,26 +142,32 @@ inline int loopback_socket(int type) {
   return fd;
 }
 
-// The server process: UDP and TCP transports of libtirpc and a vRPC one on
-// loopback, all serving `program` with `dispatch`, under one svc_run().
-// With `portmap`, the vRPC transport is registered with rpcbind as the
-// program's TCP transport (and UDP as its UDP one). Writes the ports to
-// `report_fd`, then serves until killed; dies with its parent.
-[[noreturn]] inline void serve(int report_fd, bool portmap = false) {
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
+// Creates the three transports on loopback and registers `dispatch` on
+// each; returns their ports (all 0 on failure). With `portmap`, the vRPC
+// transport is registered with rpcbind as the program's TCP transport (and
+// UDP as its UDP one). The caller then runs svc_run().
+inline ports start_server(bool portmap) {
   SVCXPRT* udp = svcudp_create(loopback_socket(SOCK_DGRAM));
   SVCXPRT* tcp = svctcp_create(loopback_socket(SOCK_STREAM), 0, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   SVCXPRT* vmmc = svc_vmmc_create(&a);
-  if (!udp || !tcp || !vmmc) _exit(3);
+  if (!udp || !tcp || !vmmc) return {};
   if (portmap) pmap_unset(program, version);
   if (!svc_register(udp, program, version, dispatch, portmap ? IPPROTO_UDP : 0) ||
       !svc_register(tcp, program, version, dispatch, 0) ||
       !svc_register(vmmc, program, version, dispatch, portmap ? IPPROTO_TCP : 0))
-    _exit(4);
-  ports p{udp->xp_port, tcp->xp_port, vmmc->xp_port};
+    return {};
+  return {udp->xp_port, tcp->xp_port, vmmc->xp_port};
+}
+
+// The server process: start_server(), the ports written to `report_fd`,
+// then svc_run() until killed; dies with its parent.
+[[noreturn]] inline void serve(int report_fd, bool portmap = false) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  ports p = start_server(portmap);
+  if (p.vmmc == 0) _exit(3);
   if (write(report_fd, &p, sizeof p) != sizeof p) _exit(5);
   close(report_fd);
   svc_run();
