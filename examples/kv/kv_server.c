@@ -1,6 +1,9 @@
 /* examples/kv/kv_server.c: the key-value service (kv.x) over UDP and vRPC.
  *
- *   vmmc-kv-server [bind-address]        (default 127.0.0.1)
+ *   vmmc-kv-server [-p] [bind-address]   (default 127.0.0.1)
+ *
+ * -p serves TCP with libtirpc's own transport instead (a plain server, for
+ * comparisons and to show that upgraded clients fall back to TCP).
  *
  * The procedures are what rpcgen asks for (kv_*_1_svc); the dispatch function
  * kv_prog_1 is rpcgen's, unmodified. The vRPC transport is registered with
@@ -88,12 +91,22 @@ int kv_prog_1_freeresult(SVCXPRT* transp, xdrproc_t xdr_result, caddr_t result) 
   return 1;
 }
 
+static SVCXPRT* plain_tcp(const struct sockaddr_in* address) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0 || bind(fd, (const struct sockaddr*)address, sizeof *address) != 0 ||
+      listen(fd, SOMAXCONN) != 0)
+    return NULL;
+  return svctcp_create(fd, 0, 0);
+}
+
 int main(int argc, char** argv) {
+  int plain = argc > 1 && strcmp(argv[1], "-p") == 0;
+  const char* bind_to = argc > 1 + plain ? argv[1 + plain] : "127.0.0.1";
   struct sockaddr_in address;
   memset(&address, 0, sizeof address);
   address.sin_family = AF_INET;
-  if (inet_pton(AF_INET, argc > 1 ? argv[1] : "127.0.0.1", &address.sin_addr) != 1) {
-    fprintf(stderr, "usage: %s [bind-address]\n", argv[0]);
+  if (inet_pton(AF_INET, bind_to, &address.sin_addr) != 1) {
+    fprintf(stderr, "usage: %s [-p] [bind-address]\n", argv[0]);
     return 2;
   }
   int udp_socket = socket(AF_INET, SOCK_DGRAM, 0);
@@ -102,7 +115,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   SVCXPRT* udp = svcudp_create(udp_socket);
-  SVCXPRT* vmmc = svc_vmmc_create(&address);
+  SVCXPRT* vmmc = plain ? plain_tcp(&address) : svc_vmmc_create(&address);
   if (!udp || !vmmc) {
     fprintf(stderr, "cannot create the transports\n");
     return 1;
@@ -113,7 +126,7 @@ int main(int argc, char** argv) {
     fprintf(stderr, "cannot register with rpcbind (is it running?)\n");
     return 1;
   }
-  printf("kv: udp port %u, vrpc/tcp port %u\n", udp->xp_port, vmmc->xp_port);
+  printf("kv: udp port %u, %s port %u\n", udp->xp_port, plain ? "tcp" : "vrpc/tcp", vmmc->xp_port);
   fflush(stdout);
   svc_run();
   return 1;
