@@ -65,11 +65,12 @@ int do_send(long type, char* buf, long count, long node, long ptype_unused, long
 }
 
 int post(long typesel, char* buf, long count, long nodesel, long ptypesel, long* info_out,
-         request*& req, const request* how = nullptr) {
+         request*& req, const request* how = nullptr, bool tracked = true) {
   request extras;
   if (how) extras = *how;
   extras.user_info = info_out;
-  return rt().post_receive({space::user, typesel, nodesel, ptypesel}, buf, count, req, &extras);
+  return rt().post_receive({space::user, typesel, nodesel, ptypesel}, buf, count, req, &extras,
+                           tracked);
 }
 
 // Waits for a receive, fills msginfo and releases it.
@@ -88,7 +89,7 @@ int finish_receive(request* req, long* count_out = nullptr) {
 int do_recv(long typesel, char* buf, long count, long nodesel, long ptypesel, long* info_out,
             long* count_out = nullptr) {
   request* req;
-  if (int e = post(typesel, buf, count, nodesel, ptypesel, info_out, req)) return e;
+  if (int e = post(typesel, buf, count, nodesel, ptypesel, info_out, req, nullptr, false)) return e;
   return finish_receive(req, count_out);
 }
 
@@ -104,7 +105,7 @@ int do_irecv(long typesel, char* buf, long count, long nodesel, long ptypesel, l
 int do_sendrecv(long type, char* sbuf, long scount, long node, long ptype, long typesel, char* rbuf,
                 long rcount, long* out) {
   request* req;
-  if (int e = post(typesel, rbuf, rcount, -1, -1, nullptr, req)) return e;
+  if (int e = post(typesel, rbuf, rcount, -1, -1, nullptr, req, nullptr, false)) return e;
   if (int e = rt().send(space::user, type, sbuf, scount, node, nullptr)) {
     rt().release(req);
     (void)ptype;

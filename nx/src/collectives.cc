@@ -24,7 +24,8 @@ using vmmc::nx::detail::space;
 int recv_internal(runtime& r, long tag, long from, void* buf, std::size_t bytes,
                   long* count = nullptr) {
   request* req = nullptr;
-  int e = r.post_receive({space::internal, tag, from, -1}, buf, static_cast<long>(bytes), req);
+  int e = r.post_receive({space::internal, tag, from, -1}, buf, static_cast<long>(bytes), req,
+                         nullptr, false);
   if (e) return e;
   e = r.wait(req);
   if (count) *count = req->got.count;

@@ -23,7 +23,7 @@ using clock = std::chrono::steady_clock;
 
 // clang-format off
 const core::setting spin_us {"nx", "spin_us", core::setting_type::integer, "0",
-  "how long a waiting node busy-polls before it sleeps; 0: 300 us, or 20 us (yielding) "
+  "how long a waiting node busy-polls before it sleeps; 0: 1000 us, or 20 us (yielding) "
   "when there are more nodes than cores"};
 const core::setting start_timeout_ms {"nx", "start_timeout_ms", core::setting_type::integer,
   "30000", "how long start-up waits for the other nodes"};
@@ -92,7 +92,7 @@ bool runtime::start() {
   long cores = static_cast<long>(std::max(1u, std::thread::hardware_concurrency()));
   oversubscribed_ = nodes_ > cores;
   auto spin = core::setting_integer(spin_us);
-  spin_ = std::chrono::microseconds(spin > 0 ? spin : oversubscribed_ ? 20 : 300);
+  spin_ = std::chrono::microseconds(spin > 0 ? spin : oversubscribed_ ? 20 : 1000);
 
   auto ctx = core::context::create();
   if (!ctx) {
@@ -184,23 +184,36 @@ runtime::~runtime() = default;
 
 // ---------------------------------------------------------------- requests
 
-request* runtime::new_request(bool is_send) {
-  auto r = std::make_unique<request>();
-  r->mid = ++next_mid_;
+request* runtime::new_request(bool is_send, bool tracked) {
+  request* r;
+  if (spare_.empty()) {
+    r = new request;
+  } else {
+    r = spare_.back();
+    spare_.pop_back();
+  }
   r->is_send = is_send;
-  request* raw = r.get();
-  requests_.emplace(raw->mid, std::move(r));
-  return raw;
+  if (tracked) {
+    r->mid = ++next_mid_;
+    requests_.emplace(r->mid, r);
+  }
+  return r;
+}
+
+void runtime::recycle(request* r) {
+  if (r->mid) requests_.erase(r->mid);
+  *r = request{};
+  spare_.push_back(r);
 }
 
 request* runtime::find(long mid) {
   auto it = requests_.find(mid);
-  return it == requests_.end() || it->second->released ? nullptr : it->second.get();
+  return it == requests_.end() || it->second->released ? nullptr : it->second;
 }
 
 void runtime::release(request* r) {
   r->released = true;
-  if (r->done) requests_.erase(r->mid);
+  if (r->done) recycle(r);
 }
 
 bool runtime::cancel(request* r) {
@@ -241,7 +254,7 @@ int runtime::send(space where, long type, const void* data, long count, long nod
   auto length = static_cast<std::size_t>(count);
   auto header = wire::make_header(static_cast<std::uint8_t>(where), type, count, ptype);
 
-  request* r = async ? new_request(true) : nullptr;
+  request* r = async ? new_request(true, true) : nullptr;
   long queued = 0;
   for (long j = node == -1 ? 0 : node; j < (node == -1 ? nodes_ : node + 1); ++j) {
     if (j == node_) {
@@ -316,17 +329,17 @@ int runtime::write_some(peer& p, outgoing& o) {
 void runtime::sent_one(request* owner) {
   if (--owner->sends_left > 0) return;
   owner->done = true;
-  if (owner->released) requests_.erase(owner->mid);
+  if (owner->released) recycle(owner);
 }
 
 // ---------------------------------------------------------------- receiving
 
 int runtime::post_receive(const selector& sel, void* buffer, long count, request*& out,
-                          const request* how) {
+                          const request* how, bool tracked) {
   if (sel.type < -1 || sel.type > 0x7fffffffL) return EQTYPE;
   if (count < 0 || (count > 0 && !buffer)) return EQLEN;
   if (sel.node < -1 || sel.node >= nodes_) return EQBADNODE;
-  request* r = new_request(false);
+  request* r = new_request(false, tracked);
   r->sel = sel;
   r->buffer = static_cast<std::byte*>(buffer);
   r->capacity = static_cast<std::size_t>(count);
@@ -378,7 +391,9 @@ void runtime::drain(long from) {
   redirect::channel& ch = *p.channel;
   for (;;) {
     if (!p.in_body) {
-      if (ch.readable() == 0) return;
+      std::size_t ready = ch.readable();
+      if (ready == 0) return;
+      if (p.header_got == 0 && ready > header_bytes && take_whole(from, ready)) continue;
       p.header_got += ch.read(p.header + p.header_got, header_bytes - p.header_got);
       if (p.header_got < header_bytes) return;
       wire::header h;
@@ -417,6 +432,24 @@ void runtime::drain(long from) {
     p.body_left -= got;
     if (p.pending) p.pending->received += got;
   }
+}
+
+// A small message that is all there is taken in one read (one credit
+// update instead of two) and copied on from a staging buffer.
+bool runtime::take_whole(long from, std::size_t ready) {
+  peer& p = peers_[static_cast<std::size_t>(from)];
+  wire::header h;
+  p.channel->read(&h, header_bytes, false);
+  const std::size_t total = header_bytes + static_cast<std::size_t>(h.length);
+  if (!wire::valid(h) || total > gather_max || total > ready) return false;
+  std::byte staging[gather_max];
+  p.channel->read(staging, total);
+  begin_message(from, h);
+  if (p.destination_left) std::memcpy(p.destination, staging + header_bytes, p.destination_left);
+  if (p.pending) p.pending->received = p.body_left;
+  p.body_left = 0;
+  finish_message(p);
+  return true;
 }
 
 void runtime::begin_message(long from, const wire::header& h) {
@@ -469,7 +502,7 @@ void runtime::complete_receive(request* r, const info& m, space) {
   if (r->handler || r->handlerx) {
     handlers_due_.push_back(r);
   } else if (r->released) {
-    requests_.erase(r->mid);
+    recycle(r);
   }
 }
 
@@ -579,7 +612,7 @@ void runtime::run_handlers() {
       r->handlerx(m.type, m.count, m.node, m.ptype, r->hparam);
     else
       r->handler(m.type, m.count, m.node, m.ptype);
-    requests_.erase(r->mid);
+    recycle(r);
   }
   in_handler_ = false;
 }

@@ -85,8 +85,9 @@ class runtime {
   int send(space where, long type, const void* data, long count, long node, request** async);
   // Posts a receive. The request is done when the message is in `buffer`;
   // `how` (may be null) supplies user_info and the handler fields.
+  // Without `tracked` the request has no mid (blocking receives).
   int post_receive(const selector& sel, void* buffer, long count, request*& out,
-                   const request* how = nullptr);
+                   const request* how = nullptr, bool tracked = true);
   // Blocks until `r` is done (or a node died); does not release it.
   int wait(request* r);
   // Looks for an arrived message; with `block`, waits for one.
@@ -143,10 +144,12 @@ class runtime {
   void finish();
   static void finish_at_exit();
 
-  request* new_request(bool is_send);
+  request* new_request(bool is_send, bool tracked);
+  void recycle(request* r);
   int push(peer& p);
   int write_some(peer& p, outgoing& o);
   void drain(long from);
+  bool take_whole(long from, std::size_t ready);
   void begin_message(long from, const wire::header& h);
   void bind(peer& p, request* r, std::size_t already);
   void finish_message(peer& p);
@@ -163,9 +166,10 @@ class runtime {
   std::unique_ptr<doorbell> bell_;
   std::vector<peer> peers_;
   long node_ = 0, nodes_ = 1;
-  std::list<request*> posted_;
+  std::vector<request*> posted_;  // in posting order
   std::list<arrival> arrivals_;
-  std::unordered_map<long, std::unique_ptr<request>> requests_;
+  std::unordered_map<long, request*> requests_;  // the ones with a mid
+  std::vector<request*> spare_;                  // recycled (the runtime lives until exit)
   std::deque<request*> handlers_due_;
   long next_mid_ = 0;
   long collectives_ = 0;
