@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <sys/epoll.h>
 #include <sys/ioctl.h>
@@ -53,6 +54,10 @@ __attribute__((constructor)) void resolve() {
   scope s;
   active = so::interposer_enabled();
   so::interposer_install();
+  // The sockets layer's fork handlers (registered just now) run inside this
+  // guard: prepare handlers run in reverse order of registration, the others
+  // in order. Also covers forks inside libc (daemon()).
+  ::pthread_atfork([] { inside = true; }, [] { inside = false; }, [] { inside = false; });
 }
 
 inline bool bypass() {

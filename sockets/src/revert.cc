@@ -160,99 +160,120 @@ bool input_on_tcp(stream& s) {
 }
 
 namespace {
-// Takes a connection back to TCP in both directions (this end initiates):
-// asks the peer for its end record, moves every byte the peer sent before it
-// (raw prefix and channel) into the stash, then places our own end record.
-// Needs the peer to run (any call on the socket, or a wait in poll/epoll);
-// gives up after `patience` and leaves the connection as it was.
-bool take_back(stream& s, std::chrono::milliseconds patience) {
-  auto deadline = clock::now() + patience;
-  std::unique_lock read_lock(s.read_mutex, std::defer_lock);
-  std::unique_lock write_lock(s.write_mutex, std::defer_lock);
-  if (!read_lock.try_lock_for(patience) || !write_lock.try_lock_for(patience)) return false;
-  if (s.state.load() != phase::upgraded || !s.chan) return true;
-  // Our writes first reach the channel (if they have not): only then can the
-  // peer parse our records.
-  while (!s.out_switched.load() && clock::now() < deadline) {
-    if (peer_ready(s)) place_hello_locked(s);
-    if (s.out_switched.load() || s.write_shut.load()) break;
-    (void)s.chan->poll();
-    pollfd pfd{s.fd, 0, 0};
-    ::poll(&pfd, 1, 1);
-  }
-  if (!s.out_switched.load()) return false;
-  unsigned char request = wire::revert_request_byte;
-  if (!s.out_reverted.load() && !send_all(s.fd, &request, 1, 0)) return false;
-
+// One connection going back to TCP, this end initiating: it asks the peer
+// for its end record, moves every byte the peer sent before it (raw prefix
+// and channel) into the stash, then places its own end record. Readers and
+// writers of the stream are held off meanwhile.
+struct taking {
+  stream_ptr s;
+  std::unique_lock<std::timed_mutex> read_lock, write_lock;
   std::string taken;
+  bool requested = false;
+};
+
+// Moves what the peer sent towards the stash; true if something moved.
+bool step(taking& t) {
+  stream& s = *t.s;
   thread_local std::vector<char> buffer(1 << 16);
-  while (!input_on_tcp(s)) {
-    if (clock::now() > deadline) {
-      // Give the bytes back to whoever reads next; the channel stays on.
-      log(2, "fd %d: the peer did not answer; connection stays on VMMC", s.fd.load());
-      install_stash(s, taken);
-      return false;
-    }
-    bool moved = false;
-    if (!raw_prefix_done(s)) {
-      if (learn_peer_raw(s)) {
-        std::uint64_t left = *s.peer_raw - s.tcp_in.load();
-        ssize_t n =
-            ::recv(s.fd, buffer.data(), std::min<std::uint64_t>(left, buffer.size()), MSG_DONTWAIT);
-        if (n > 0) {
-          taken.append(buffer.data(), static_cast<std::size_t>(n));
-          s.tcp_in += static_cast<std::uint64_t>(n);
-          moved = true;
-        }
-      }
-    } else {
-      drain_doorbells(s);
-      std::uint64_t end = s.peer_channel_end.load();
-      std::size_t want = buffer.size();
-      if (end != stream::no_end) want = std::min<std::uint64_t>(want, end - s.channel_in.load());
-      std::size_t n = want ? s.chan->read(buffer.data(), want) : 0;
+  if (!t.requested) {
+    // Our writes must reach the channel first: only then does the peer
+    // parse our records.
+    if (!s.out_switched.load() && peer_ready(s)) place_hello_locked(s);
+    if (!s.out_switched.load()) return false;
+    unsigned char request = wire::revert_request_byte;
+    t.requested = s.out_reverted.load() || send_all(s.fd, &request, 1, 0);
+    return t.requested;
+  }
+  bool moved = false;
+  if (!raw_prefix_done(s)) {
+    if (learn_peer_raw(s)) {
+      std::uint64_t left = *s.peer_raw - s.tcp_in.load();
+      ssize_t n =
+          ::recv(s.fd, buffer.data(), std::min<std::uint64_t>(left, buffer.size()), MSG_DONTWAIT);
       if (n > 0) {
-        taken.append(buffer.data(), n);
-        s.channel_in += n;
+        t.taken.append(buffer.data(), static_cast<std::size_t>(n));
+        s.tcp_in += static_cast<std::uint64_t>(n);
         moved = true;
       }
     }
-    if (s.revert_asked.load()) answer_revert_locked(s);  // we were asked too
-    if (!moved) {
-      (void)s.chan->poll();
-      pollfd pfd{s.fd, POLLIN, 0};
-      ::poll(&pfd, 1, 1);
+  } else {
+    drain_doorbells(s);
+    std::uint64_t end = s.peer_channel_end.load();
+    std::size_t want = buffer.size();
+    if (end != stream::no_end) want = std::min<std::uint64_t>(want, end - s.channel_in.load());
+    std::size_t n = want ? s.chan->read(buffer.data(), want) : 0;
+    if (n > 0) {
+      t.taken.append(buffer.data(), n);
+      s.channel_in += n;
+      moved = true;
     }
   }
-  s.revert_asked.store(true);
-  answer_revert_locked(s);
-  if (!s.out_reverted.load()) {
-    install_stash(s, taken);
-    return false;
-  }
-  if (s.stash) {  // an earlier attempt's bytes come first
-    taken.insert(0, s.stash->data() + s.stash->read_at.load(), stash_size(s));
+  if (s.revert_asked.load()) answer_revert_locked(s);  // the peer asked too
+  return moved;
+}
+
+// Bytes taken so far go to the stash, after any left from before.
+void keep_taken(taking& t) {
+  stream& s = *t.s;
+  if (s.stash) {
+    t.taken.insert(0, s.stash->data() + s.stash->read_at.load(), stash_size(s));
     ::munmap(s.stash, s.stash->mapped);
     s.stash = nullptr;
   }
-  install_stash(s, taken);
-  s.state.store(phase::plain);
-  log(3, "fd %d: back on TCP (%zu bytes stashed)", s.fd.load(), taken.size());
-  return true;
+  install_stash(s, t.taken);
 }
 
-std::chrono::milliseconds revert_patience() {
-  return std::chrono::milliseconds(2000);
-}
+constexpr auto revert_patience = std::chrono::milliseconds(2000);
 
+// Takes every accelerated connection (with only_inheritable: those without
+// FD_CLOEXEC) back to TCP, all at once: a connection whose peer is in this
+// very process (or thread) goes back too. Needs each peer to run (any call
+// on the socket, or a wait in poll/epoll); after revert_patience, the ones
+// left stay on VMMC.
 void revert_all(bool only_inheritable) {
+  auto deadline = clock::now() + revert_patience;
+  std::vector<taking> pending;
   for (auto& s : all_streams()) {
     if (s->state.load() != phase::upgraded || !s->chan || s->inherited.load()) continue;
     if (only_inheritable) {
       int flags = ::fcntl(s->fd, F_GETFD);
       if (flags < 0 || (flags & FD_CLOEXEC)) continue;
     }
-    take_back(*s, revert_patience());
+    taking t{s, std::unique_lock(s->read_mutex, std::defer_lock),
+             std::unique_lock(s->write_mutex, std::defer_lock)};
+    if (!t.read_lock.try_lock_until(deadline) || !t.write_lock.try_lock_until(deadline)) continue;
+    if (s->state.load() == phase::upgraded) pending.push_back(std::move(t));
+  }
+  std::vector<pollfd> fds;
+  while (!pending.empty()) {
+    bool moved = false;
+    for (std::size_t i = 0; i < pending.size(); ++i) {
+      taking& t = pending[i];
+      moved |= step(t);
+      if (!t.requested || !input_on_tcp(*t.s)) continue;
+      stream& s = *t.s;
+      s.revert_asked.store(true);
+      answer_revert_locked(s);
+      if (!s.out_reverted.load()) continue;
+      keep_taken(t);
+      s.state.store(phase::plain);
+      log(3, "fd %d: back on TCP (%zu bytes kept)", s.fd.load(), t.taken.size());
+      pending.erase(pending.begin() + static_cast<long>(i--));
+    }
+    if (pending.empty() || clock::now() > deadline) break;
+    if (moved) continue;
+    fds.clear();
+    for (auto& t : pending) {
+      (void)t.s->chan->poll();
+      fds.push_back({t.s->fd, POLLIN, 0});
+    }
+    ::poll(fds.data(), fds.size(), 1);
+  }
+  for (auto& t : pending) {
+    // The peer did not answer in time: the connection stays on VMMC here
+    // (a fork() child cannot use it); what was taken is read first.
+    log(2, "fd %d: the peer did not answer; connection stays on VMMC", t.s->fd.load());
+    keep_taken(t);
   }
 }
 

@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# The interposer demo: unmodified Debian programs (sockperf, iperf3,
+# redis-server + redis-benchmark) over kernel TCP loopback and with both ends
+# under LD_PRELOAD=libvmmc_preload.so, alternating, in the same run; prints one
+# comparison table (best of --rounds runs each). Servers listen on 127.0.0.1
+# only and are killed on exit.
+#   scripts/preload-demo.sh [--build DIR] [--rounds N] [--seconds S] [--requests N]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+build=build rounds=2 seconds=4 requests=200000
+while (($#)); do
+  case $1 in
+    --build) build=$2; shift 2 ;;
+    --rounds) rounds=$2; shift 2 ;;
+    --seconds) seconds=$2; shift 2 ;;
+    --requests) requests=$2; shift 2 ;;
+    *) echo "usage: $0 [--build DIR] [--rounds N] [--seconds S] [--requests N]" >&2; exit 2 ;;
+  esac
+done
+lib=$(realpath "$build/preload/libvmmc_preload.so")
+for tool in sockperf iperf3 redis-server redis-benchmark; do
+  command -v $tool >/dev/null || { echo "missing $tool (scripts/setup.sh installs it)" >&2; exit 1; }
+done
+work=$(mktemp -d)
+cleanup() {
+  [[ -f $work/pids ]] && while read -r p; do kill "$p" 2>/dev/null || true; done <"$work/pids"
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# Waits until something listens on the port (without connecting: iperf3 -1
+# would take a probe for its one client).
+wait_port() { for _ in $(seq 200); do ss -Hltn "sport = :$1" | grep -q . && return 0; sleep 0.05; done; return 1; }
+# run_with <mode> cmd...: mode "kernel" or "vmmc" (both ends preloaded).
+run_with() {
+  local mode=$1; shift
+  if [[ $mode == vmmc ]]; then LD_PRELOAD=$lib "$@"; else "$@"; fi
+}
+start_server() {  # start_server <mode> <log> cmd...; its pid in $server
+  local mode=$1 log=$2; shift 2
+  if [[ $mode == vmmc ]]; then
+    LD_PRELOAD=$lib timeout 120 "$@" >"$log" 2>&1 &
+  else
+    timeout 120 "$@" >"$log" 2>&1 &
+  fi
+  server=$!
+  echo "$server" >>"$work/pids"
+}
+stop_server() { kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true; }
+# Problems found inside $(...) subshells go to a file.
+problem() { echo "$*" >>"$work/problems"; }
+
+sockperf_pingpong() {  # -> one-way latency in usec
+  local mode=$1 port; port=$(free_port)
+  start_server "$mode" "$work/sp-server" sockperf sr --tcp -i 127.0.0.1 -p "$port"
+  wait_port "$port" || sleep 1
+  run_with "$mode" timeout 60 sockperf pp --tcp -i 127.0.0.1 -p "$port" -m 64 -t "$seconds" \
+    >"$work/sp" 2>&1 || true
+  stop_server
+  grep -q "dropped messages = 0; # duplicated messages = 0; # out-of-order messages = 0" "$work/sp" ||
+    problem "sockperf ping-pong ($mode): $(grep -m1 'dropped' "$work/sp" || tail -1 "$work/sp")"
+  sed -n 's/.*Summary: Latency is \([0-9.]*\) usec.*/\1/p' "$work/sp" | tail -1
+}
+
+sockperf_throughput() {  # -> messages/s of 64 B
+  local mode=$1 port; port=$(free_port)
+  start_server "$mode" "$work/st-server" sockperf sr --tcp -i 127.0.0.1 -p "$port"
+  wait_port "$port" || sleep 1
+  run_with "$mode" timeout 60 sockperf tp --tcp -i 127.0.0.1 -p "$port" -m 64 -t "$seconds" \
+    >"$work/st" 2>&1 || true
+  stop_server
+  sed -n 's/.*Summary: Message Rate is \([0-9]*\) \[msg\/sec\].*/\1/p' "$work/st" | tail -1
+}
+
+iperf3_bandwidth() {  # -> Gbit/s received
+  local mode=$1 port; port=$(free_port)
+  start_server "$mode" "$work/ip-server" iperf3 -s -1 -B 127.0.0.1 -p "$port"
+  wait_port "$port" || sleep 1
+  run_with "$mode" timeout 60 iperf3 -c 127.0.0.1 -p "$port" -t "$seconds" -J >"$work/ip" 2>&1 || true
+  stop_server
+  python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("%.1f" % (d["end"]["sum_received"]["bits_per_second"]/1e9))' \
+    "$work/ip" 2>/dev/null || { problem "iperf3 ($mode): $(tail -c 300 "$work/ip")"; echo 0; }
+}
+
+redis_rate() {  # <mode> <test> -> requests/s (50 clients, the default)
+  local mode=$1 test=$2 port; port=$(free_port)
+  start_server "$mode" "$work/rs" redis-server --bind 127.0.0.1 --port "$port" --save '' \
+    --appendonly no --protected-mode yes
+  wait_port "$port" || sleep 1
+  run_with "$mode" timeout 120 redis-benchmark -h 127.0.0.1 -p "$port" -t "$test" -n "$requests" \
+    -q >"$work/rb" 2>&1 || true
+  # Correctness: a value written and read back through the same path.
+  local got; got=$(run_with "$mode" timeout 10 redis-cli -h 127.0.0.1 -p "$port" \
+    eval "redis.call('set','vmmc:check','payload-42'); return redis.call('get','vmmc:check')" 0 2>&1)
+  [[ $got == payload-42 ]] || problem "redis check ($mode): $got"
+  if grep -qi "error" "$work/rb"; then problem "redis-benchmark $test ($mode): $(grep -i -m1 error "$work/rb")"; fi
+  stop_server
+  tr '\r' '\n' <"$work/rb" | sed -n 's/.*: \([0-9.]*\) requests per second.*/\1/p' | tail -1
+}
+
+best() {  # best <higher|lower> values...
+  local dir=$1; shift
+  printf '%s\n' "$@" | grep -E '^[0-9.]+$' | sort -g | { [[ $dir == lower ]] && head -1 || tail -1; }
+}
+
+declare -A result
+measure() {  # measure <key> <higher|lower> <function> [args]
+  local key=$1 dir=$2; shift 2
+  local k=() v=()
+  for ((r = 0; r < rounds; r++)); do
+    k+=("$("$@" kernel 2>/dev/null | tail -1)")
+    v+=("$("$@" vmmc 2>/dev/null | tail -1)")
+  done
+  result[$key.kernel]=$(best "$dir" "${k[@]}")
+  result[$key.vmmc]=$(best "$dir" "${v[@]}")
+}
+with_mode_last() { local f=$1 arg=$2 mode=$3; "$f" "$mode" "$arg"; }
+
+echo "== interposer demo: unmodified programs, kernel TCP vs LD_PRELOAD=libvmmc_preload.so (both ends)"
+echo "   best of $rounds alternating runs; ${seconds}s each; redis-benchmark -n $requests, 50 clients"
+measure pingpong lower sockperf_pingpong
+measure throughput higher sockperf_throughput
+measure iperf higher iperf3_bandwidth
+measure redis_set higher with_mode_last redis_rate set
+measure redis_get higher with_mode_last redis_rate get
+
+row() {  # row <label> <key> <unit> <lower|higher> <target>
+  local k=${result[$2.kernel]:-0} v=${result[$2.vmmc]:-0} ratio
+  if [[ $4 == lower ]]; then
+    ratio=$(python3 -c "print('%.1fx lower' % ($k/$v) if $v > 0 else 'n/a')")
+  else
+    ratio=$(python3 -c "print('%.2fx higher' % ($v/$k) if $k > 0 else 'n/a')")
+  fi
+  printf '| %-34s | %12s | %12s | %-13s | %-8s |\n' "$1 ($3)" "$k" "$v" "$ratio" "$5"
+}
+echo
+printf '| %-34s | %12s | %12s | %-13s | %-8s |\n' "program" "kernel TCP" "vmmc preload" "ratio" "target"
+printf '|%s|%s|%s|%s|%s|\n' "------------------------------------" "--------------" "--------------" "---------------" "----------"
+row "sockperf ping-pong 64 B latency" pingpong "us" lower ">=10x"
+row "sockperf throughput 64 B" throughput "msg/s" higher "-"
+row "iperf3 -t $seconds" iperf "Gbit/s" higher ">=2.5x"
+row "redis-benchmark SET" redis_set "req/s" higher ">=1.3x"
+row "redis-benchmark GET" redis_get "req/s" higher ">=1.3x"
+echo
+if [[ -s $work/problems ]]; then
+  echo "PROBLEMS:"; sed 's/^/  /' "$work/problems"; exit 1
+fi
+echo "correctness: sockperf no dropped/duplicated/out-of-order; redis-benchmark no errors; redis SET+GET read back"

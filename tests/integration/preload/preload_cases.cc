@@ -1,0 +1,653 @@
+// tests/integration/preload/preload_cases.cc: ordinary socket programs, run
+// by CTest under LD_PRELOAD=libvmmc_preload.so (see CMakeLists.txt).
+//
+// Written against libc only, as the programs the interposer is for. Each
+// case starts its peers by executing this binary again in a role; the
+// interposer's vmmc_preload_describe (looked up with dlsym, so the program
+// also runs without it) tells whether a connection is accelerated. Every byte
+// on every connection follows an offset-derived pattern, checked on receipt:
+// a byte lost, doubled or reordered fails the case. Usage: preload_cases <case>.
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/select.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace {
+
+[[noreturn]] void die(const char* what) {
+  std::fprintf(stderr, "[%d] FAIL: %s (errno %d: %s)\n", ::getpid(), what, errno,
+               std::strerror(errno));
+  std::exit(1);
+}
+void check(bool ok, const char* what) {
+  if (!ok) die(what);
+}
+
+unsigned char pattern(std::uint64_t offset) {
+  return static_cast<unsigned char>((offset * 131) ^ (offset >> 11) ^ (offset >> 23));
+}
+void fill(char* p, std::size_t n, std::uint64_t at) {
+  for (std::size_t i = 0; i < n; ++i) p[i] = static_cast<char>(pattern(at + i));
+}
+bool matches(const char* p, std::size_t n, std::uint64_t at) {
+  for (std::size_t i = 0; i < n; ++i)
+    if (static_cast<unsigned char>(p[i]) != pattern(at + i)) return false;
+  return true;
+}
+
+// "accelerated=1 ..." from the interposer, or "" without it.
+std::string describe(int fd) {
+  using fn = int (*)(int, char*, size_t);
+  static auto f = reinterpret_cast<fn>(::dlsym(RTLD_DEFAULT, "vmmc_preload_describe"));
+  char line[256] = "";
+  if (!f || f(fd, line, sizeof line) < 0) return "";
+  return line;
+}
+bool accelerated(int fd) {
+  return describe(fd).find("accelerated=1") != std::string::npos;
+}
+// Accelerated connections switch once both ends saw each other's first
+// bytes; a round trip makes sure (the caller echoes).
+void expect_path(int fd, bool want, const char* who) {
+  bool is = accelerated(fd);
+  if (is != want) {
+    std::fprintf(stderr, "[%d] %s: fd %d accelerated=%d, expected %d (%s)\n", ::getpid(), who, fd,
+                 is, want, describe(fd).c_str());
+    std::exit(1);
+  }
+}
+
+int listen_on(int& port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  check(fd >= 0, "socket");
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  check(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0, "bind");
+  check(::listen(fd, 128) == 0, "listen");
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  port = ntohs(a.sin_port);
+  return fd;
+}
+
+int connect_to(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  check(fd >= 0, "socket");
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  check(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0, "connect");
+  return fd;
+}
+
+void write_all(int fd, const char* p, std::size_t n) {
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    check(w > 0, "write");
+    p += w;
+    n -= static_cast<std::size_t>(w);
+  }
+}
+
+// Sends `total` pattern bytes from offset `at`, in pieces of varying size.
+void send_pattern(int fd, std::uint64_t at, std::uint64_t total) {
+  std::vector<char> buf(1 << 20);
+  std::uint64_t end = at + total;
+  std::uint64_t piece = 1;
+  while (at < end) {
+    std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(end - at, piece));
+    n = std::min(n, buf.size());
+    fill(buf.data(), n, at);
+    write_all(fd, buf.data(), n);
+    at += n;
+    piece = piece >= buf.size() ? 7 : piece * 3 + 1;  // 1 byte .. 1 MiB, over and over
+  }
+}
+
+// Receives and checks `total` pattern bytes from offset `at`.
+void receive_pattern(int fd, std::uint64_t at, std::uint64_t total) {
+  std::vector<char> buf(1 << 20);
+  std::uint64_t end = at + total;
+  while (at < end) {
+    std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(end - at, buf.size()));
+    ssize_t n = ::read(fd, buf.data(), want);
+    if (n < 0 && errno == EINTR) continue;
+    check(n > 0, "read (early end of stream)");
+    check(matches(buf.data(), static_cast<std::size_t>(n), at), "bytes lost, doubled or reordered");
+    at += static_cast<std::uint64_t>(n);
+  }
+}
+
+// Echoes until end of stream.
+void echo(int in, int out) {
+  char buf[65536];
+  while (true) {
+    ssize_t n = ::read(in, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    check(n >= 0, "echo read");
+    if (n == 0) return;
+    write_all(out, buf, static_cast<std::size_t>(n));
+  }
+}
+
+// A client round: `total` bytes out, the same back, checked; then half-close
+// and expect the end.
+void echo_round(int fd, std::uint64_t total) {
+  send_pattern(fd, 0, total);
+  receive_pattern(fd, 0, total);
+}
+void finish(int fd) {
+  ::shutdown(fd, SHUT_WR);
+  char c;
+  check(::read(fd, &c, 1) == 0, "end of stream after half-close");
+  ::close(fd);
+}
+
+// A few one-byte round trips: afterwards both directions have switched to
+// VMMC when both ends speak it (each end places its channel hello once it
+// has read the other's).
+void ping(int fd, bool first) {
+  for (int i = 0; i < 4; ++i) {
+    char c = 'p';
+    if (first) write_all(fd, &c, 1);
+    check(::read(fd, &c, 1) == 1 && c == 'p', "ping");
+    if (!first) write_all(fd, &c, 1);
+  }
+}
+
+std::string self;
+// Runs this binary in `role`; `preload` false removes LD_PRELOAD.
+pid_t spawn(const std::vector<std::string>& args, bool preload = true) {
+  pid_t pid = ::fork();
+  check(pid >= 0, "fork");
+  if (pid == 0) {
+    if (!preload) ::unsetenv("LD_PRELOAD");
+    std::vector<char*> argv{const_cast<char*>(self.c_str())};
+    for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(self.c_str(), argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+void reap(pid_t pid, const char* who) {
+  int status = 0;
+  check(::waitpid(pid, &status, 0) == pid, "waitpid");
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::fprintf(stderr, "[%d] FAIL: %s exited with status %d\n", ::getpid(), who, status);
+    std::exit(1);
+  }
+}
+
+// The port a server child reports on its stdout pipe.
+int read_port(int fd) {
+  char text[32] = "";
+  ssize_t n = ::read(fd, text, sizeof text - 1);
+  check(n > 0, "port from server");
+  return std::atoi(text);
+}
+pid_t spawn_server(const std::vector<std::string>& args, int& port, bool preload = true) {
+  int p[2];
+  check(::pipe(p) == 0, "pipe");
+  pid_t pid = ::fork();
+  check(pid >= 0, "fork");
+  if (pid == 0) {
+    ::dup2(p[1], 3);
+    if (!preload) ::unsetenv("LD_PRELOAD");
+    std::vector<char*> argv{const_cast<char*>(self.c_str())};
+    for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(self.c_str(), argv.data());
+    _exit(127);
+  }
+  ::close(p[1]);
+  port = read_port(p[0]);
+  ::close(p[0]);
+  return pid;
+}
+void tell_port(int port) {  // servers: on fd 3, then close it
+  std::string s = std::to_string(port);
+  write_all(3, s.data(), s.size());
+  ::close(3);
+}
+
+constexpr std::uint64_t small = 3 << 20;
+
+// ---- epoll edge-triggered echo server, 8 clients at once.
+int epoll_server(int clients) {
+  int port;
+  int lfd = listen_on(port);
+  ::fcntl(lfd, F_SETFL, O_NONBLOCK);
+  int ep = ::epoll_create1(0);
+  epoll_event ev{EPOLLIN | EPOLLET, {}};
+  ev.data.fd = lfd;
+  check(::epoll_ctl(ep, EPOLL_CTL_ADD, lfd, &ev) == 0, "epoll_ctl listener");
+  tell_port(port);
+  std::map<int, std::string> pending;  // bytes read, not yet echoed
+  int done = 0;
+  char buf[65536];
+  while (done < clients) {
+    epoll_event events[16];
+    int n = ::epoll_wait(ep, events, 16, 10000);
+    check(n > 0, "epoll_wait (timed out)");
+    for (int i = 0; i < n; ++i) {
+      int fd = events[i].data.fd;
+      if (fd == lfd) {
+        while (true) {
+          int c = ::accept4(lfd, nullptr, nullptr, SOCK_NONBLOCK);
+          if (c < 0) break;
+          epoll_event ce{EPOLLIN | EPOLLOUT | EPOLLET | EPOLLRDHUP, {}};
+          ce.data.fd = c;
+          check(::epoll_ctl(ep, EPOLL_CTL_ADD, c, &ce) == 0, "epoll_ctl client");
+          pending[c];
+        }
+        continue;
+      }
+      // Edge-triggered: drain reads and flush writes until EAGAIN.
+      bool closed = false;
+      while (true) {
+        ssize_t r = ::read(fd, buf, sizeof buf);
+        if (r > 0) {
+          pending[fd].append(buf, static_cast<std::size_t>(r));
+          continue;
+        }
+        if (r == 0) closed = true;
+        if (r < 0) check(errno == EAGAIN, "server read");
+        break;
+      }
+      std::string& out = pending[fd];
+      while (!out.empty()) {
+        ssize_t w = ::write(fd, out.data(), out.size());
+        if (w < 0) {
+          check(errno == EAGAIN, "server write");
+          break;
+        }
+        out.erase(0, static_cast<std::size_t>(w));
+      }
+      if (closed && out.empty()) {
+        expect_path(fd, true, "epoll server");
+        ::epoll_ctl(ep, EPOLL_CTL_DEL, fd, nullptr);
+        ::close(fd);
+        pending.erase(fd);
+        ++done;
+      } else if (closed) {
+        // Keep flushing: wait for writability (still edge-triggered).
+      }
+    }
+  }
+  return 0;
+}
+
+int epoll_case() {
+  int port;
+  pid_t server = spawn_server({"epoll-server", "8"}, port);
+  std::vector<pid_t> clients;
+  for (int i = 0; i < 8; ++i) clients.push_back(spawn({"echo-client", std::to_string(port), "1"}));
+  for (pid_t c : clients) reap(c, "client");
+  reap(server, "epoll server");
+  return 0;
+}
+
+// A client of an echo server: rounds, checks, expects acceleration or not.
+int echo_client(int port, bool want_accelerated) {
+  int fd = connect_to(port);
+  echo_round(fd, small);  // mostly over TCP: written before the server answered
+  echo_round(fd, 100000);
+  expect_path(fd, want_accelerated, "echo client");
+  finish(fd);
+  return 0;
+}
+
+// ---- select-based echo server; poll-based client.
+int select_server(int clients, bool want_accelerated) {
+  int port;
+  int lfd = listen_on(port);
+  tell_port(port);
+  std::vector<int> conns;
+  int done = 0;
+  char buf[65536];
+  while (done < clients) {
+    fd_set readable;
+    FD_ZERO(&readable);
+    FD_SET(lfd, &readable);
+    int top = lfd;
+    for (int c : conns) {
+      FD_SET(c, &readable);
+      top = std::max(top, c);
+    }
+    timeval tv{10, 0};
+    int n = ::select(top + 1, &readable, nullptr, nullptr, &tv);
+    check(n > 0, "select (timed out)");
+    if (FD_ISSET(lfd, &readable)) conns.push_back(::accept(lfd, nullptr, nullptr));
+    for (std::size_t i = 0; i < conns.size(); ++i) {
+      int c = conns[i];
+      if (!FD_ISSET(c, &readable)) continue;
+      ssize_t r = ::recv(c, buf, sizeof buf, 0);
+      check(r >= 0, "select server recv");
+      if (r == 0) {
+        expect_path(c, want_accelerated, "select server");
+        ::close(c);
+        conns.erase(conns.begin() + static_cast<long>(i--));
+        ++done;
+        continue;
+      }
+      write_all(c, buf, static_cast<std::size_t>(r));
+    }
+  }
+  return 0;
+}
+
+int poll_client(int port) {
+  int fd = connect_to(port);
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+  std::vector<char> out(small), in(1 << 16);
+  fill(out.data(), out.size(), 0);
+  std::size_t sent = 0, got = 0;
+  while (got < small) {
+    pollfd p{fd, static_cast<short>(POLLIN | (sent < small ? POLLOUT : 0)), 0};
+    check(::poll(&p, 1, 10000) == 1, "poll (timed out)");
+    if ((p.revents & POLLOUT) && sent < small) {
+      ssize_t w = ::send(fd, out.data() + sent, std::min<std::size_t>(small - sent, 70000), 0);
+      if (w > 0) sent += static_cast<std::size_t>(w);
+    }
+    if (p.revents & POLLIN) {
+      ssize_t r = ::recv(fd, in.data(), in.size(), 0);
+      if (r < 0 && errno == EAGAIN) continue;
+      check(r > 0, "poll client recv");
+      check(matches(in.data(), static_cast<std::size_t>(r), got), "poll client bytes");
+      got += static_cast<std::size_t>(r);
+    }
+  }
+  expect_path(fd, true, "poll client");
+  ::fcntl(fd, F_SETFL, 0);
+  finish(fd);
+  return 0;
+}
+
+int select_case() {
+  int port;
+  pid_t server = spawn_server({"select-server", "3", "1"}, port);
+  std::vector<pid_t> clients;
+  for (int i = 0; i < 3; ++i) clients.push_back(spawn({"poll-client", std::to_string(port)}));
+  for (pid_t c : clients) reap(c, "poll client");
+  reap(server, "select server");
+  return 0;
+}
+
+// ---- fork after accept: the child serves the connection the parent
+// accepted (after it carried data both ways: accelerated when forked); the
+// parent closes its copy and accepts the next connection, which is
+// accelerated. The client writes its next bytes before the server forks, so
+// some are taken off the channel (the stash) and must come first.
+int fork_after_accept_server() {
+  int port;
+  int lfd = listen_on(port);
+  tell_port(port);
+  std::vector<pid_t> children;
+  for (int i = 0; i < 2; ++i) {
+    int c = ::accept(lfd, nullptr, nullptr);
+    check(c >= 0, "accept");
+    // First exchange in the parent: accelerated.
+    ping(c, false);
+    char buf[4096];
+    std::uint64_t at = 0;
+    while (at < 4096) {
+      ssize_t r = ::read(c, buf, 4096 - at);
+      check(r > 0, "parent read");
+      check(matches(buf, static_cast<std::size_t>(r), at), "parent bytes");
+      at += static_cast<std::uint64_t>(r);
+    }
+    write_all(c, "k", 1);
+    expect_path(c, true, "server parent before fork");
+    ::usleep(100000);  // the client's next bytes are on their way
+    pid_t child = ::fork();
+    check(child >= 0, "fork");
+    if (child == 0) {
+      ::close(lfd);
+      expect_path(c, false, "server child (inherited: back on TCP)");
+      receive_pattern(c, 4096, small);
+      send_pattern(c, 0, small);
+      // A new connection from the child is accelerated (its own context).
+      ::close(c);
+      _exit(0);
+    }
+    ::close(c);  // the child's now
+    children.push_back(child);
+  }
+  for (pid_t p : children) reap(p, "forked child");
+  return 0;
+}
+
+int fork_client(int port) {
+  int fd = connect_to(port);
+  ping(fd, true);
+  send_pattern(fd, 0, 4096);
+  char k;
+  check(::read(fd, &k, 1) == 1 && k == 'k', "ack");
+  expect_path(fd, true, "client before the server forks");
+  send_pattern(fd, 4096, small);
+  receive_pattern(fd, 0, small);
+  expect_path(fd, false, "client after the server forked");
+  finish(fd);
+  return 0;
+}
+
+int fork_after_accept_case() {
+  int port;
+  pid_t server = spawn_server({"fork-after-accept-server"}, port);
+  // One at a time: the second connection is accepted after the first fork.
+  reap(spawn({"fork-client", std::to_string(port)}), "client 1");
+  reap(spawn({"fork-client", std::to_string(port)}), "client 2");
+  reap(server, "server");
+  return 0;
+}
+
+// ---- fork before accept: a parent that already runs VMMC (one accelerated
+// connection of its own) preforks workers sharing its listener; each accepts
+// and serves one connection, accelerated in the worker.
+int prefork_server(int workers) {
+  int port;
+  int lfd = listen_on(port);
+  // The parent's own accelerated connection (to itself), so it has a context.
+  int a = connect_to(port);
+  int b = ::accept(lfd, nullptr, nullptr);
+  write_all(a, "x", 1);
+  char c;
+  check(::read(b, &c, 1) == 1, "self read");
+  write_all(b, "y", 1);
+  check(::read(a, &c, 1) == 1, "self read back");
+  expect_path(a, true, "parent's own connection");
+  tell_port(port);
+  std::vector<pid_t> children;
+  for (int i = 0; i < workers; ++i) {
+    pid_t child = ::fork();
+    check(child >= 0, "fork");
+    if (child == 0) {
+      int conn = ::accept(lfd, nullptr, nullptr);
+      check(conn >= 0, "worker accept");
+      echo(conn, conn);
+      expect_path(conn, true, "worker's connection");
+      ::close(conn);
+      _exit(0);
+    }
+    children.push_back(child);
+  }
+  // The parent's own connection still works after the forks.
+  write_all(a, "z", 1);
+  check(::read(b, &c, 1) == 1 && c == 'z', "parent's connection after fork");
+  for (pid_t p : children) reap(p, "worker");
+  return 0;
+}
+
+int prefork_case() {
+  int port;
+  pid_t server = spawn_server({"prefork-server", "2"}, port);
+  std::vector<pid_t> clients;
+  for (int i = 0; i < 2; ++i) clients.push_back(spawn({"echo-client", std::to_string(port), "1"}));
+  for (pid_t c : clients) reap(c, "client");
+  reap(server, "prefork server");
+  return 0;
+}
+
+// ---- exec with an inherited socket: the server execs a new image that
+// takes the connection over (argv names the descriptor), without reading the
+// bytes the client already sent; and inetd style: dup2 onto stdin/stdout.
+int exec_server(bool inetd) {
+  int port;
+  int lfd = listen_on(port);
+  tell_port(port);
+  int c = ::accept(lfd, nullptr, nullptr);
+  check(c >= 0, "accept");
+  ping(c, false);
+  char buf[4096];
+  std::uint64_t at = 0;
+  while (at < 4096) {
+    ssize_t r = ::read(c, buf, 4096 - at);
+    check(r > 0, "read before exec");
+    at += static_cast<std::uint64_t>(r);
+  }
+  write_all(c, "k", 1);
+  expect_path(c, true, "server before exec");
+  ::usleep(100000);  // the client's next bytes arrive before the exec
+  ::close(lfd);
+  std::string fd_text = std::to_string(c);
+  if (inetd) {
+    pid_t child = ::fork();
+    check(child >= 0, "fork");
+    if (child == 0) {
+      ::dup2(c, 0);
+      ::dup2(c, 1);
+      ::close(c);
+      ::execl(self.c_str(), self.c_str(), "inetd-service", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    ::close(c);
+    reap(child, "inetd service");
+    return 0;
+  }
+  ::execl(self.c_str(), self.c_str(), "exec-service", fd_text.c_str(), static_cast<char*>(nullptr));
+  die("execl");
+}
+
+int exec_service(int fd) {  // the new image: serve the inherited connection
+  expect_path(fd, false, "after exec (back on TCP)");
+  receive_pattern(fd, 4096, small);
+  send_pattern(fd, 0, small);
+  ::close(fd);
+  return 0;
+}
+
+int inetd_service() {  // stdin/stdout are the connection
+  receive_pattern(0, 4096, small);
+  send_pattern(1, 0, small);
+  return 0;
+}
+
+int exec_case(bool inetd) {
+  int port;
+  pid_t server = spawn_server({inetd ? "inetd-server" : "exec-server"}, port);
+  reap(spawn({"fork-client", std::to_string(port)}), "client");
+  reap(server, "server");
+  return 0;
+}
+
+// ---- only one side preloaded: plain TCP, both ways round.
+int one_side_case() {
+  for (bool server_preloaded : {false, true}) {
+    int port;
+    pid_t server = spawn_server({"select-server", "1", "0"}, port, server_preloaded);
+    // The client: preloaded exactly when the server is not.
+    pid_t client = spawn({"echo-client", std::to_string(port), "0"}, !server_preloaded);
+    reap(client, "client");
+    reap(server, "server");
+  }
+  return 0;
+}
+
+// ---- a large checksummed transfer through the interposer.
+int sink_server(std::uint64_t total) {
+  int port;
+  int lfd = listen_on(port);
+  tell_port(port);
+  int c = ::accept(lfd, nullptr, nullptr);
+  receive_pattern(c, 0, total);
+  expect_path(c, true, "sink");
+  write_all(c, "d", 1);
+  ::close(c);
+  return 0;
+}
+
+int bulk_case(std::uint64_t total) {
+  int port;
+  pid_t server = spawn_server({"sink-server", std::to_string(total)}, port);
+  int fd = connect_to(port);
+  send_pattern(fd, 0, total);
+  char d;
+  check(::read(fd, &d, 1) == 1 && d == 'd', "sink done");
+  expect_path(fd, true, "bulk sender");
+  ::close(fd);
+  reap(server, "sink");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  self = "/proc/self/exe";
+  char path[4096];
+  ssize_t n = ::readlink("/proc/self/exe", path, sizeof path - 1);
+  if (n > 0) self.assign(path, static_cast<std::size_t>(n));
+  ::signal(SIGPIPE, SIG_IGN);
+  ::alarm(60);  // no case outlives its test
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: %s <case>\n", argv[0]);
+    return 2;
+  }
+  std::string role = argv[1];
+  auto arg = [&](int i) { return argc > i ? std::atoll(argv[i]) : 0; };
+  if (role == "epoll") return epoll_case();
+  if (role == "select") return select_case();
+  if (role == "fork-after-accept") return fork_after_accept_case();
+  if (role == "fork-before-accept") return prefork_case();
+  if (role == "exec") return exec_case(false);
+  if (role == "inetd") return exec_case(true);
+  if (role == "one-side") return one_side_case();
+  if (role == "bulk") return bulk_case(static_cast<std::uint64_t>(arg(2)) << 20);
+  // Peers.
+  if (role == "epoll-server") return epoll_server(static_cast<int>(arg(2)));
+  if (role == "select-server") return select_server(static_cast<int>(arg(2)), arg(3) != 0);
+  if (role == "echo-client") return echo_client(static_cast<int>(arg(2)), arg(3) != 0);
+  if (role == "poll-client") return poll_client(static_cast<int>(arg(2)));
+  if (role == "fork-after-accept-server") return fork_after_accept_server();
+  if (role == "fork-client") return fork_client(static_cast<int>(arg(2)));
+  if (role == "prefork-server") return prefork_server(static_cast<int>(arg(2)));
+  if (role == "exec-server") return exec_server(false);
+  if (role == "inetd-server") return exec_server(true);
+  if (role == "exec-service") return exec_service(static_cast<int>(arg(2)));
+  if (role == "inetd-service") return inetd_service();
+  if (role == "sink-server") return sink_server(static_cast<std::uint64_t>(arg(2)));
+  std::fprintf(stderr, "unknown case %s\n", role.c_str());
+  return 2;
+}
