@@ -20,10 +20,15 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/ioctl.h>
+#include <sys/timerfd.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -63,6 +68,9 @@ struct connection {
   std::string path;
 };
 
+void track(int fd);  // the sweeper, below
+void untrack(int fd);
+
 connection& conn(SVCXPRT* xprt) {
   return *static_cast<connection*>(xprt->xp_p1);
 }
@@ -71,6 +79,10 @@ std::chrono::microseconds spin_time() {
   static const auto t = std::chrono::microseconds(core::setting_integer(settings::spin_us));
   return t;
 }
+
+// A client that answers within this long is running; one that has not may
+// be waiting for a core (2 cores, busy peers), so the spin yields after it.
+constexpr std::chrono::microseconds yield_time{5};
 
 bool would_block(int e) {
   return e == EAGAIN || e == EWOULDBLOCK || e == EINTR;
@@ -131,11 +143,15 @@ xprt_stat connection_stat(SVCXPRT* xprt) {
   if (c.served && !c.accelerated) c.accelerated = path_of(c.xprt.xp_fd) != "tcp";
   if (c.served && c.accelerated && spin_time().count() > 0 &&
       !(++c.streak % 4 == 0 && others_waiting(c.xprt.xp_fd))) {
-    auto until = clock::now() + spin_time();
+    auto now = clock::now(), until = now + spin_time(), yield_after = now + yield_time;
     int ready = 0;
     do {
       if (sockets::ioctl(c.xprt.xp_fd, FIONREAD, &ready) == 0 && ready > 0) return XPRT_MOREREQS;
-    } while (clock::now() < until);
+      // Past the first microseconds, a client that has not answered yet may
+      // be waiting for a core: let it have ours.
+      now = clock::now();
+      if (now > yield_after) sched_yield();
+    } while (now < until);
   }
   c.served = false;
   if (take_or_arm(c)) return XPRT_MOREREQS;
@@ -188,6 +204,7 @@ bool_t free_args(SVCXPRT*, xdrproc_t xdr_args, void* args) {
 
 void connection_destroy(SVCXPRT* xprt) {
   connection* c = &conn(xprt);
+  untrack(xprt->xp_fd);
   xprt_unregister(xprt);
   if (SVC_XP_AUTH(xprt).svc_ah_ops) SVCAUTH_DESTROY(&SVC_XP_AUTH(xprt));
   sockets::close(xprt->xp_fd);
@@ -202,6 +219,81 @@ const struct __rpc_svcxprt::xp_ops connection_ops = {connection_recv,    connect
                                                      connection_getargs, connection_reply,
                                                      free_args,          connection_destroy};
 const struct __rpc_svcxprt::xp_ops2 control_ops = {no_control};
+
+// --- the sweeper: a safety net under the doorbells. svc_run sleeps without
+// a timeout, so a wake-up lost anywhere below (a doorbell not rung, not seen)
+// would leave a call unanswered for good. While connections exist, a timerfd
+// wakes svc_run every 100 ms and calls found waiting in a channel are served
+// through svc_getreq_common, as svc_run would have. (The sockets layer's own
+// sleeps re-check on the same period.) Used from svc_run's thread only.
+struct sweeper_state {
+  SVCXPRT xprt{};
+  SVCXPRT_EXT extension{};
+  std::vector<int> connections;  // descriptors of live connections
+};
+sweeper_state* sweeper = nullptr;
+constexpr long sweep_period_ns = 100'000'000;
+
+void set_sweeping(bool on) {
+  itimerspec t{};
+  if (on) t.it_interval = t.it_value = {0, sweep_period_ns};
+  timerfd_settime(sweeper->xprt.xp_fd, 0, &t, nullptr);
+}
+
+bool_t sweeper_recv(SVCXPRT* xprt, rpc_msg*) {
+  std::uint64_t expirations;
+  if (::read(xprt->xp_fd, &expirations, sizeof expirations) < 0) return FALSE;
+  const std::vector<int> fds = sweeper->connections;  // a call may end a connection
+  for (int fd : fds) {
+    int ready = 0;
+    auto& live = sweeper->connections;
+    if (std::find(live.begin(), live.end(), fd) == live.end()) continue;
+    if (sockets::ioctl(fd, FIONREAD, &ready) != 0 || ready == 0) continue;
+    static bool told = false;
+    if (!told && path_of(fd) != "tcp") {
+      told = true;
+      std::fprintf(stderr, "vrpc: a call arrived without waking svc_run; served by the sweep\n");
+    }
+    svc_getreq_common(fd);
+  }
+  return FALSE;
+}
+
+xprt_stat idle_stat(SVCXPRT*) {
+  return XPRT_IDLE;
+}
+bool_t no_getargs(SVCXPRT*, xdrproc_t, void*) {
+  return FALSE;
+}
+bool_t no_reply(SVCXPRT*, rpc_msg*) {
+  return FALSE;
+}
+void never_destroyed(SVCXPRT*) {}
+
+const struct __rpc_svcxprt::xp_ops sweeper_ops = {sweeper_recv, idle_stat, no_getargs,
+                                                  no_reply,     free_args, never_destroyed};
+
+void track(int fd) {
+  if (!sweeper) {
+    int timer = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    if (timer < 0) return;
+    sweeper = new sweeper_state;
+    sweeper->xprt.xp_fd = timer;
+    sweeper->xprt.xp_ops = &sweeper_ops;
+    sweeper->xprt.xp_ops2 = &control_ops;
+    sweeper->xprt.xp_p3 = &sweeper->extension;
+    xprt_register(&sweeper->xprt);
+  }
+  sweeper->connections.push_back(fd);
+  if (sweeper->connections.size() == 1) set_sweeping(true);
+}
+
+void untrack(int fd) {
+  if (!sweeper) return;
+  auto& live = sweeper->connections;
+  live.erase(std::remove(live.begin(), live.end(), fd), live.end());
+  if (live.empty()) set_sweeping(false);
+}
 
 // --- the listener: a readable descriptor means a connection to accept.
 
@@ -230,16 +322,7 @@ bool_t listener_recv(SVCXPRT* xprt, rpc_msg*) {
   x.xp_p1 = c;
   x.xp_p3 = &c->extension;
   xprt_register(&x);
-  return FALSE;
-}
-
-xprt_stat listener_stat(SVCXPRT*) {
-  return XPRT_IDLE;
-}
-bool_t listener_getargs(SVCXPRT*, xdrproc_t, void*) {
-  return FALSE;
-}
-bool_t listener_reply(SVCXPRT*, rpc_msg*) {
+  track(fd);
   return FALSE;
 }
 
@@ -249,8 +332,8 @@ void listener_destroy(SVCXPRT* xprt) {
   delete static_cast<listener*>(xprt->xp_p1);
 }
 
-const struct __rpc_svcxprt::xp_ops listener_ops = {listener_recv,  listener_stat, listener_getargs,
-                                                   listener_reply, free_args,     listener_destroy};
+const struct __rpc_svcxprt::xp_ops listener_ops = {listener_recv, idle_stat, no_getargs,
+                                                   no_reply,      free_args, listener_destroy};
 
 }  // namespace
 }  // namespace vmmc::vrpc::detail
