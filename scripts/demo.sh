@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main demo: set up, then show VMMC between two processes: a ping-pong
 # over each path, the core benchmark beside raw libfabric and memcpy, and the
-# sockets benchmark beside kernel TCP.
+# sockets benchmark beside kernel TCP, and unmodified programs under the
+# LD_PRELOAD interposer beside themselves over kernel TCP.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -18,3 +19,5 @@ echo
 echo "== vmmc-bench sockets --quick (ours vs kernel TCP loopback)"
 build/tests/bench/vmmc-bench sockets --quick --json build/bench-sockets.json
 echo "(JSON written to build/bench-sockets.json)"
+echo
+scripts/preload-demo.sh --build build

@@ -16,6 +16,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <spawn.h>
 #include <stdarg.h>
 #include <sys/epoll.h>
 #include <sys/ioctl.h>
@@ -278,6 +279,17 @@ int execvpe(const char* file, char* const argv[], char* const envp[]) {
 }
 int fexecve(int fd, char* const argv[], char* const envp[]) {
   EXEC(fexecve(fd, argv, envp), fexecve(fd, argv, so::prepare_exec(envp)));
+}
+
+int posix_spawn(pid_t* pid, const char* path, const posix_spawn_file_actions_t* actions,
+                const posix_spawnattr_t* attributes, char* const argv[], char* const envp[]) {
+  EXEC(posix_spawn(pid, path, actions, attributes, argv, envp),
+       posix_spawn(pid, path, actions, attributes, argv, so::prepare_exec(envp)));
+}
+int posix_spawnp(pid_t* pid, const char* file, const posix_spawn_file_actions_t* actions,
+                 const posix_spawnattr_t* attributes, char* const argv[], char* const envp[]) {
+  EXEC(posix_spawnp(pid, file, actions, attributes, argv, envp),
+       posix_spawnp(pid, file, actions, attributes, argv, so::prepare_exec(envp)));
 }
 
 namespace {

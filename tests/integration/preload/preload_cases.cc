@@ -612,6 +612,68 @@ int bulk_case(std::uint64_t total) {
   return 0;
 }
 
+// ---- what a process pays that meets no vmmc peer: nothing started. A
+// preloaded client of a plain server, with UDP and a pipe on the side, runs
+// no thread besides its own; and the settings that turn acceleration off.
+int threads() {
+  int n = 0;
+  if (FILE* f = std::fopen("/proc/self/status", "r")) {
+    char line[256];
+    while (std::fgets(line, sizeof line, f))
+      if (std::sscanf(line, "Threads: %d", &n) == 1) break;
+    std::fclose(f);
+  }
+  return n;
+}
+
+int lazy_case() {
+  int port;
+  pid_t server = spawn_server({"select-server", "1", "0"}, port, false);
+  int fd = connect_to(port);
+  check(!accelerated(fd), "a plain server's connection");
+  echo_round(fd, 100000);
+  finish(fd);
+  reap(server, "plain server");
+  int u = ::socket(AF_INET, SOCK_DGRAM, 0);  // UDP: the kernel's, untouched
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  check(::bind(u, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0, "udp bind");
+  socklen_t len = sizeof a;
+  ::getsockname(u, reinterpret_cast<sockaddr*>(&a), &len);
+  check(::sendto(u, "u", 1, 0, reinterpret_cast<sockaddr*>(&a), len) == 1, "udp sendto");
+  char c;
+  check(::recv(u, &c, 1, 0) == 1 && c == 'u', "udp recv");
+  check(describe(u).empty(), "UDP is not managed");
+  int p[2];
+  check(::pipe(p) == 0 && ::write(p[1], "p", 1) == 1 && ::read(p[0], &c, 1) == 1, "pipe");
+  if (threads() != 1) {
+    std::fprintf(stderr, "FAIL: %d threads in a process that met no vmmc peer\n", threads());
+    return 1;
+  }
+  return 0;
+}
+
+// VMMC_PRELOAD_ENABLE=0, and VMMC_SOCKETS_EXCLUDE naming the server's port:
+// both ends preloaded, the connection stays kernel TCP.
+int settings_case() {
+  {
+    ::setenv("VMMC_PRELOAD_ENABLE", "0", 1);
+    int port;
+    pid_t server = spawn_server({"select-server", "1", "0"}, port);
+    reap(spawn({"echo-client", std::to_string(port), "0"}), "client (preload off)");
+    reap(server, "server (preload off)");
+    ::unsetenv("VMMC_PRELOAD_ENABLE");
+  }
+  int port;
+  pid_t server = spawn_server({"select-server", "1", "0"}, port);
+  ::setenv("VMMC_SOCKETS_EXCLUDE", std::to_string(port).c_str(), 1);
+  reap(spawn({"echo-client", std::to_string(port), "0"}), "client (port excluded)");
+  ::unsetenv("VMMC_SOCKETS_EXCLUDE");
+  reap(server, "server");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -634,6 +696,8 @@ int main(int argc, char** argv) {
   if (role == "exec") return exec_case(false);
   if (role == "inetd") return exec_case(true);
   if (role == "one-side") return one_side_case();
+  if (role == "lazy") return lazy_case();
+  if (role == "settings") return settings_case();
   if (role == "bulk") return bulk_case(static_cast<std::uint64_t>(arg(2)) << 20);
   // Peers.
   if (role == "epoll-server") return epoll_server(static_cast<int>(arg(2)));
