@@ -3,7 +3,10 @@
 // of their address blobs (see nx/src/bootstrap.cc for the framing). If a node
 // dies (a signal, or a non-zero exit status), every other node is killed and
 // nxrun exits with status 1; otherwise it exits with 0 once all have ended.
+// Like mpirun, it binds node i to CPU i when there are enough CPUs
+// (`--bind-to none` turns that off).
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -41,7 +44,7 @@ void kill_all() {
 }
 
 int usage() {
-  std::fprintf(stderr, "usage: nxrun -n N program [args...]\n");
+  std::fprintf(stderr, "usage: nxrun -n N [--bind-to none|core] program [args...]\n");
   return 2;
 }
 
@@ -111,11 +114,15 @@ int fail() {
 
 int main(int argc, char** argv) {
   long count = 0;
+  bool bind = true;
   int first = 1;
   while (first < argc && argv[first][0] == '-') {
     std::string a = argv[first];
     if ((a == "-n" || a == "-np") && first + 1 < argc) {
       count = std::strtol(argv[first + 1], nullptr, 10);
+      first += 2;
+    } else if (a == "--bind-to" && first + 1 < argc) {
+      bind = std::string(argv[first + 1]) != "none";
       first += 2;
     } else {
       return usage();
@@ -130,6 +137,13 @@ int main(int argc, char** argv) {
   ::sigaction(SIGHUP, &sa, nullptr);
 
   const std::string job = std::to_string(::getpid());
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  std::vector<int> cpus;
+  if (::sched_getaffinity(0, sizeof allowed, &allowed) == 0)
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+  bind = bind && count <= static_cast<long>(cpus.size());
   nodes.resize(static_cast<std::size_t>(count));
   for (long i = 0; i < count; ++i) {
     int pair[2];
@@ -144,6 +158,12 @@ int main(int argc, char** argv) {
     }
     if (pid == 0) {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (bind) {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(cpus[static_cast<std::size_t>(i)], &one);
+        (void)::sched_setaffinity(0, sizeof one, &one);
+      }
       ::close(pair[0]);
       int fd = ::dup(pair[1]);  // without CLOEXEC: the program inherits it
       ::setenv("VMMC_NX_FD", std::to_string(fd).c_str(), 1);
