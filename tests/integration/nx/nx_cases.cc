@@ -471,6 +471,13 @@ void killed() {
   crecv(999, b, 4);  // never sent: the job must end instead of hanging
 }
 
+void kill_a_node() {
+  // killproc ends node 1; the launcher then ends the job with an error.
+  if (me == 0) killproc(1, 0);
+  char b[4];
+  crecv(998, b, 4);  // never sent
+}
+
 void too_long_plain() {
   if (me == 0) csend(5, ptr(const_cast<char*>("too long")), 9, 1, 0);
   if (me == 1) {
@@ -503,6 +510,8 @@ int main(int argc, char** argv) {
     collectives();
   } else if (suite == "killed") {
     killed();
+  } else if (suite == "killproc") {
+    kill_a_node();
   } else if (suite == "too_long") {
     too_long_plain();
   } else {

@@ -46,6 +46,10 @@ TEST(nx_nxrun, killed_node_ends_the_job_with_an_error) {
   EXPECT_EQ(run(nxrun(3, "killed"), 30), 1);
 }
 
+TEST(nx_nxrun, killproc_ends_the_job_with_an_error) {
+  EXPECT_EQ(run(nxrun(2, "killproc"), 30), 1);
+}
+
 TEST(nx_nxrun, program_that_cannot_start) {
   EXPECT_NE(run(std::string(NXRUN) + " -n 2 /nonexistent/program"), 0);
 }
