@@ -263,6 +263,15 @@ int runtime::send(space where, long type, const void* data, long count, long nod
       continue;
     }
     peer& p = peers_[static_cast<std::size_t>(j)];
+    if (!r && p.queue.empty()) {
+      // Blocking with nothing queued ahead: write now, queue only the rest.
+      outgoing o{nullptr, header, bytes, length, 0};
+      if (int e = write_some(p, o)) return e;
+      if (o.sent == header_bytes + length) continue;
+      p.queue.push_back(o);
+      ++queued;
+      continue;
+    }
     p.queue.push_back({r, header, bytes, length, 0});
     ++queued;
     if (r) ++r->sends_left;

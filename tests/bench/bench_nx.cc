@@ -4,6 +4,7 @@
 #include "bench_nx.h"
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -71,9 +72,12 @@ void run_nx_benchmark(const options& opts, std::vector<result_row>& rows) {
   }
   const int runs = opts.quick ? 1 : 3;
   const std::string args = std::string(" ") + (opts.quick ? "1 " : "0 ") + join(sizes);
+  // mpirun's defaults otherwise (it binds each rank to a core when they fit;
+  // nxrun does the same); --oversubscribe only where there are more ranks.
   const std::string mpirun =
-      "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe "
-      "--mca pml ob1 --mca btl self,vader -n ";
+      "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun "
+      "--mca pml ob1 --mca btl self,vader ";
+  const long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
 
   for (int nodes : {2, 4}) {
     job_result ours, openmpi;
@@ -81,7 +85,8 @@ void run_nx_benchmark(const options& opts, std::vector<result_row>& rows) {
       std::cerr << "measuring nx and openmpi, " << nodes << " processes, run " << run + 1 << "\n";
       keep_best(ours, run_job(std::string(VMMC_NXRUN) + " -n " + std::to_string(nodes) + " " +
                               VMMC_NX_NODE + args));
-      keep_best(openmpi, run_job(mpirun + std::to_string(nodes) + " " + VMMC_MPI_REFERENCE + args));
+      keep_best(openmpi, run_job(mpirun + (nodes > cores ? "--oversubscribe -n " : "-n ") +
+                                 std::to_string(nodes) + " " + VMMC_MPI_REFERENCE + args));
     }
     if (nodes == 2) {
       std::vector<double> lat, lat_ref, bw, bw_ref;
