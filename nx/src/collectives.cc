@@ -7,6 +7,7 @@
 // (log2 N exchanges; a+b == b+a in IEEE arithmetic, so every node ends with
 // the same bits), else combine at node 0 in node order and broadcast.
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <vector>
 
@@ -158,52 +159,38 @@ int colx(char* x, long xlens[], char* y) {
 
 extern "C" {
 
-#define NX_REDUCTION(name, T, op)      \
-  void name(T x[], long n, T work[]) { \
-    (void)work;                        \
-    or_die(#name, reduce(x, n, op{})); \
+// Each reduction in both forms: plain (terminates on error) and underscore.
+#define NX_REDUCTION(name, T, op)     \
+  void name(T x[], long n, T[]) {     \
+    or_die(#name, reduce(x, n, op));  \
+  }                                   \
+  long _##name(T x[], long n, T[]) {  \
+    return checked(reduce(x, n, op)); \
   }
-NX_REDUCTION(gdsum, double, sum)
-NX_REDUCTION(gisum, long, sum)
-NX_REDUCTION(gssum, float, sum)
-NX_REDUCTION(gdprod, double, product)
-NX_REDUCTION(giprod, long, product)
-NX_REDUCTION(gsprod, float, product)
-NX_REDUCTION(gdhigh, double, high)
-NX_REDUCTION(gdlow, double, low)
-NX_REDUCTION(gihigh, long, high)
-NX_REDUCTION(gilow, long, low)
-NX_REDUCTION(gshigh, float, high)
-NX_REDUCTION(gslow, float, low)
+NX_REDUCTION(gdsum, double, sum{})
+NX_REDUCTION(gisum, long, sum{})
+NX_REDUCTION(gssum, float, sum{})
+NX_REDUCTION(gdprod, double, product{})
+NX_REDUCTION(giprod, long, product{})
+NX_REDUCTION(gsprod, float, product{})
+NX_REDUCTION(gdhigh, double, high{})
+NX_REDUCTION(gdlow, double, low{})
+NX_REDUCTION(gihigh, long, high{})
+NX_REDUCTION(gilow, long, low{})
+NX_REDUCTION(gshigh, float, high{})
+NX_REDUCTION(gslow, float, low{})
+NX_REDUCTION(giand, long, [](long a, long b) { return a & b; })
+NX_REDUCTION(gior, long, [](long a, long b) { return a | b; })
+NX_REDUCTION(gixor, long, [](long a, long b) { return a ^ b; })
+NX_REDUCTION(gland, long, [](long a, long b) { return static_cast<long>(a && b); })
+NX_REDUCTION(glor, long, [](long a, long b) { return static_cast<long>(a || b); })
 #undef NX_REDUCTION
-
-void giand(long x[], long n, long[]) {
-  or_die("giand", reduce(x, n, [](long a, long b) { return a & b; }));
-}
-void gior(long x[], long n, long[]) {
-  or_die("gior", reduce(x, n, [](long a, long b) { return a | b; }));
-}
-void gixor(long x[], long n, long[]) {
-  or_die("gixor", reduce(x, n, [](long a, long b) { return a ^ b; }));
-}
-void gland(long x[], long n, long[]) {
-  or_die("gland", reduce(x, n, [](long a, long b) { return static_cast<long>(a && b); }));
-}
-void glor(long x[], long n, long[]) {
-  or_die("glor", reduce(x, n, [](long a, long b) { return static_cast<long>(a || b); }));
-}
 
 void gsync(void) {
   or_die("gsync", sync_all());
 }
 long _gsync(void) {
   return checked(sync_all());
-}
-long _gdsum(double x[], long n, double[]) {
-  return checked(reduce(x, n, sum{}));
-}
-long _gisum(long x[], long n, long[]) {
-  return checked(reduce(x, n, sum{}));
 }
 
 void gopf(char* x, long xlen, char* work, nx_combine function) {

@@ -275,6 +275,7 @@ void errors_and_limits() {
   CHECK(_msgwait(999999) == -1 && errno == EQNOMID);
   CHECK(_msgdone(999999) == -1 && errno == EQNOMID);
   CHECK(_msgcancel(999999) == -1 && errno == EQNOMID);
+  CHECK(_gdsum(nullptr, 3, nullptr) == -1 && errno == EQLEN);  // local check: no messages
   CHECK(_iprobex(1, nodes + 3, -1, nullptr) == -1 && errno == EQBADNODE);
   gsync();
 }
