@@ -80,21 +80,29 @@ ssize_t receive_raw(stream& s, char* buffer, size_t length, int flags, bool no_w
   return n;
 }
 
-// Waits until the channel has bytes, the stream ended or the peer is gone.
+// Waits until the channel has bytes, the stream ended or the peer is gone:
+// busy-polls briefly (yielding the processor after the first microseconds,
+// so that a peer waiting for it on a busy machine runs), then sleeps on the
+// doorbell.
 bool wait_readable(stream& s, clock::time_point deadline) {
   redirect::channel& ch = *s.chan;
   auto spin_until = clock::now() + std::chrono::microseconds(50);
+  int spins = 0;
   while (ch.readable() == 0 && !ch.at_end() && !input_on_tcp(s)) {
     answer_revert(s);
     auto now = clock::now();
     if (now >= deadline) return false;
-    if (now < spin_until) continue;
+    if (now < spin_until) {
+      if (++spins > 64) std::this_thread::yield();
+      continue;
+    }
     if (ch.peer_gone()) return true;
     auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count();
     sleep_on_doorbell(
         s, [&] { return ch.prepare_sleep(redirect::sleep_reason::data); },
         static_cast<int>(std::min<long long>(left, 100)));
     spin_until = clock::now() + std::chrono::microseconds(50);
+    spins = 0;
   }
   return true;
 }
@@ -135,7 +143,9 @@ ssize_t receive_channel(stream& s, char* buffer, size_t length, int flags, bool 
   bool peek = flags & MSG_PEEK;
   if (input_on_tcp(s)) return switched;
   length = channel_limit(s, length);
-  if (no_wait || peek) {
+  // Same host, a user-level copy out of the ring is the fastest placement
+  // (issue 3): wait here. Elsewhere a blocking receive may post its buffer.
+  if (no_wait || peek || s.chan_mapped()) {
     auto deadline = receive_deadline(s);
     // Bytes already written by the peer may still be in flight (fabric); wait
     // them out rather than report EAGAIN and sleep without a doorbell coming.

@@ -101,6 +101,13 @@ struct stream {
   struct stash_area* stash = nullptr;
 
   static constexpr std::uint64_t no_end = ~std::uint64_t{0};
+  // The channel runs on the same-host mapped path (known once connected).
+  bool chan_mapped() {
+    int m = mapped.load(std::memory_order_relaxed);
+    if (m < 0 && chan && chan->connected()) mapped.store(m = chan->path() == "mapped");
+    return m > 0;
+  }
+  std::atomic<int> mapped{-1};
   ~stream();
 };
 

@@ -55,8 +55,10 @@ struct descriptor_table {
   std::shared_mutex mutex;
   std::vector<stream_ptr> slots;
 };
+// Never destroyed: a fork() child that exits normally must not tear down
+// its parent's channels (close_everything does it for the owner).
 descriptor_table& table() {
-  static descriptor_table t;
+  static descriptor_table& t = *new descriptor_table;
   return t;
 }
 
@@ -144,7 +146,7 @@ struct process_state {
   bool tried = false;
 };
 process_state& state() {
-  static process_state st;
+  static process_state& st = *new process_state;  // never destroyed, as the table
   return st;
 }
 

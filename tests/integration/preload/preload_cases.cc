@@ -429,9 +429,8 @@ int fork_after_accept_server() {
       expect_path(c, false, "server child (inherited: back on TCP)");
       receive_pattern(c, 4096, small);
       send_pattern(c, 0, small);
-      // A new connection from the child is accelerated (its own context).
       ::close(c);
-      _exit(0);
+      std::exit(0);  // exit handlers run: the parent's channels are left alone
     }
     ::close(c);  // the child's now
     children.push_back(child);
@@ -490,7 +489,7 @@ int prefork_server(int workers) {
       echo(conn, conn);
       expect_path(conn, true, "worker's connection");
       ::close(conn);
-      _exit(0);
+      std::exit(0);  // exit handlers: the worker's own context goes, the parent's stays
     }
     children.push_back(child);
   }
