@@ -28,7 +28,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -68,8 +67,9 @@ struct connection {
   std::string path;
 };
 
-void track(int fd);  // the sweeper, below
-void untrack(int fd);
+struct connection;
+void track(connection* c);  // the sweeper, below
+void untrack(connection* c);
 
 connection& conn(SVCXPRT* xprt) {
   return *static_cast<connection*>(xprt->xp_p1);
@@ -204,7 +204,7 @@ bool_t free_args(SVCXPRT*, xdrproc_t xdr_args, void* args) {
 
 void connection_destroy(SVCXPRT* xprt) {
   connection* c = &conn(xprt);
-  untrack(xprt->xp_fd);
+  untrack(c);
   xprt_unregister(xprt);
   if (SVC_XP_AUTH(xprt).svc_ah_ops) SVCAUTH_DESTROY(&SVC_XP_AUTH(xprt));
   sockets::close(xprt->xp_fd);
@@ -229,7 +229,7 @@ const struct __rpc_svcxprt::xp_ops2 control_ops = {no_control};
 struct sweeper_state {
   SVCXPRT xprt{};
   SVCXPRT_EXT extension{};
-  std::vector<int> connections;  // descriptors of live connections
+  std::vector<connection*> connections;  // live connections
 };
 sweeper_state* sweeper = nullptr;
 constexpr long sweep_period_ns = 100'000'000;
@@ -243,17 +243,13 @@ void set_sweeping(bool on) {
 bool_t sweeper_recv(SVCXPRT* xprt, rpc_msg*) {
   std::uint64_t expirations;
   if (::read(xprt->xp_fd, &expirations, sizeof expirations) < 0) return FALSE;
-  const std::vector<int> fds = sweeper->connections;  // a call may end a connection
-  for (int fd : fds) {
+  const std::vector<connection*> all = sweeper->connections;  // a call may end a connection
+  for (connection* c : all) {
     int ready = 0;
     auto& live = sweeper->connections;
-    if (std::find(live.begin(), live.end(), fd) == live.end()) continue;
+    if (std::find(live.begin(), live.end(), c) == live.end()) continue;
+    const int fd = c->xprt.xp_fd;
     if (sockets::ioctl(fd, FIONREAD, &ready) != 0 || ready == 0) continue;
-    static bool told = false;
-    if (!told && path_of(fd) != "tcp") {
-      told = true;
-      std::fprintf(stderr, "vrpc: a call arrived without waking svc_run; served by the sweep\n");
-    }
     svc_getreq_common(fd);
   }
   return FALSE;
@@ -273,7 +269,7 @@ void never_destroyed(SVCXPRT*) {}
 const struct __rpc_svcxprt::xp_ops sweeper_ops = {sweeper_recv, idle_stat, no_getargs,
                                                   no_reply,     free_args, never_destroyed};
 
-void track(int fd) {
+void track(connection* c) {
   if (!sweeper) {
     int timer = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
     if (timer < 0) return;
@@ -284,14 +280,14 @@ void track(int fd) {
     sweeper->xprt.xp_p3 = &sweeper->extension;
     xprt_register(&sweeper->xprt);
   }
-  sweeper->connections.push_back(fd);
+  sweeper->connections.push_back(c);
   if (sweeper->connections.size() == 1) set_sweeping(true);
 }
 
-void untrack(int fd) {
+void untrack(connection* c) {
   if (!sweeper) return;
   auto& live = sweeper->connections;
-  live.erase(std::remove(live.begin(), live.end(), fd), live.end());
+  live.erase(std::remove(live.begin(), live.end(), c), live.end());
   if (live.empty()) set_sweeping(false);
 }
 
@@ -322,7 +318,7 @@ bool_t listener_recv(SVCXPRT* xprt, rpc_msg*) {
   x.xp_p1 = c;
   x.xp_p3 = &c->extension;
   xprt_register(&x);
-  track(fd);
+  track(c);
   return FALSE;
 }
 
