@@ -14,8 +14,9 @@ long msginfo[8];
 
 namespace {
 
-using vmmc::nx::detail::fatal;
+using vmmc::nx::detail::checked;
 using vmmc::nx::detail::info;
+using vmmc::nx::detail::or_die;
 using vmmc::nx::detail::request;
 using vmmc::nx::detail::runtime;
 using vmmc::nx::detail::selector;
@@ -38,18 +39,6 @@ void copy_info(long* to, const info& m) {
   to[NX_INFO_COUNT] = m.count;
   to[NX_INFO_NODE] = m.node;
   to[NX_INFO_PTYPE] = m.ptype;
-}
-
-// Underscore form: 0 stays 0, an error becomes -1 with errno.
-long checked(int code, long value = 0) {
-  if (code == 0) return value;
-  errno = code;
-  return -1;
-}
-// Plain form: an error ends the process.
-long or_die(const char* call, int code, long value = 0) {
-  if (code) fatal(call, code);
-  return value;
 }
 
 // The operations, each returning an NX code; results through out-parameters.

@@ -16,7 +16,8 @@
 
 namespace {
 
-using vmmc::nx::detail::fatal;
+using vmmc::nx::detail::checked;
+using vmmc::nx::detail::or_die;
 using vmmc::nx::detail::request;
 using vmmc::nx::detail::runtime;
 using vmmc::nx::detail::selector;
@@ -126,15 +127,6 @@ struct low {
     return std::min(a, b);
   }
 };
-
-long checked(int code) {
-  if (code == 0) return 0;
-  errno = code;
-  return -1;
-}
-void or_die(const char* call, int code) {
-  if (code) fatal(call, code);
-}
 
 int sync_all() {
   char none = 0;

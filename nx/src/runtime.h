@@ -15,6 +15,7 @@
 // Not thread-safe: NX programs call it from one thread.
 #pragma once
 
+#include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -184,5 +185,18 @@ class runtime {
 // Prints "nx: <call>: <reason>" and exits with status 1 (peers see this
 // node die, not end).
 [[noreturn]] void fatal(const char* call, int code);
+
+// NX's two error conventions for a call's result code.
+// Underscore forms: `value` on success, else -1 with errno = code.
+inline long checked(int code, long value = 0) {
+  if (code == 0) return value;
+  errno = code;
+  return -1;
+}
+// Plain forms: `value` on success; an error ends the process.
+inline long or_die(const char* call, int code, long value = 0) {
+  if (code) fatal(call, code);
+  return value;
+}
 
 }  // namespace vmmc::nx::detail
