@@ -4,6 +4,7 @@
 // job with an error.
 #include <nx.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -472,6 +473,16 @@ void killed() {
   crecv(999, b, 4);  // never sent: the job must end instead of hanging
 }
 
+void vanished() {
+  // The last node leaves without ending its streams (_exit skips atexit) and
+  // with status 0, so the launcher sees nothing wrong: the library itself
+  // must report the lost node to whoever waits for it.
+  gsync();
+  if (me == nodes - 1) _exit(0);
+  char b[4];
+  CHECK(_crecvx(999, b, 4, nodes - 1, -1, nullptr) == -1 && errno == EQNODEGONE);
+}
+
 void kill_a_node() {
   // killproc ends node 1; the launcher then ends the job with an error.
   if (me == 0) killproc(1, 0);
@@ -511,6 +522,8 @@ int main(int argc, char** argv) {
     collectives();
   } else if (suite == "killed") {
     killed();
+  } else if (suite == "vanished") {
+    vanished();
   } else if (suite == "killproc") {
     kill_a_node();
   } else if (suite == "too_long") {

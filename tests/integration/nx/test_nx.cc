@@ -46,6 +46,10 @@ TEST(nx_nxrun, killed_node_ends_the_job_with_an_error) {
   EXPECT_EQ(run(nxrun(3, "killed"), 30), 1);
 }
 
+TEST(nx_nxrun, a_node_gone_is_an_error_for_its_waiters) {
+  EXPECT_EQ(run(nxrun(3, "vanished"), 30), 0);
+}
+
 TEST(nx_nxrun, killproc_ends_the_job_with_an_error) {
   EXPECT_EQ(run(nxrun(2, "killproc"), 30), 1);
 }
