@@ -193,8 +193,10 @@ status context::send(import_handle to, std::uint64_t offset, const void* source,
   if (!*o) return {};  // completed during the call (mapped path, injected write)
   // Copied into bounce buffers: the source may be reused now, and the data
   // is ordered ahead of later operations; a failure shows on those (the
-  // peer is then gone). Only zero-copy sends must wait for their completion.
-  if (!(*o)->zero_copy) return {};
+  // peer is then gone). Only zero-copy sends must wait for their completion,
+  // and those asked to be transmitted before we return (an inject has no
+  // completion, so those were posted as tracked copies).
+  if (!(*o)->zero_copy && !options.transmit_complete) return {};
   return impl_->wait_op(**o, clock::time_point::max());
 }
 

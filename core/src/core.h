@@ -263,7 +263,7 @@ class fabric_endpoint final : public registrar {
   void deregister_export(fabric_mr& mr);
 
   // A write of at most inject_size() bytes, copied by the provider before
-  // it returns; no completion follows.
+  // it returns; its completion only releases internal tracking.
   status inject_write(fi_addr_t peer, const void* source, std::size_t length,
                       std::uint64_t remote_address, std::uint64_t key,
                       const std::atomic<bool>& peer_alive);
@@ -276,9 +276,11 @@ class fabric_endpoint final : public registrar {
   // Posts; each adds one part to `o` which completes through progress().
   // Small writes are injected or bounced; large ones go zero-copy through the
   // UTLB. Returns would_block never: it drives progress itself until posted.
+  // `may_inject` false: always a tracked post, whose completion says the data
+  // left this process (an injected write reports no completion).
   status post_write(const std::shared_ptr<op>& o, fi_addr_t peer, const void* source,
                     std::size_t length, std::uint64_t remote_address, std::uint64_t key,
-                    const std::atomic<bool>& peer_alive);
+                    const std::atomic<bool>& peer_alive, bool may_inject = true);
   status post_read(const std::shared_ptr<op>& o, fi_addr_t peer, void* destination,
                    std::size_t length, std::uint64_t remote_address, std::uint64_t key,
                    const std::atomic<bool>& peer_alive);

@@ -230,12 +230,36 @@ int fabric_endpoint::take_bounce_slot(const std::atomic<bool>& peer_alive) {
 
 void fabric_endpoint::give_bounce_slot(int slot) { free_bounce_.push_back(slot); }
 
+// Not fi_inject_write: over ofi_rxm (libfabric 1.17) an injected write still
+// queued when its connection breaks comes back as an error completion with a
+// null context, and rxm dereferences it (SIGSEGV in fi_cq_read, seen when a
+// peer is killed). Posted with FI_INJECT | FI_COMPLETION the provider still
+// copies the source before returning, and every completion carries a context.
 status fabric_endpoint::inject_write(fi_addr_t peer, const void* source, std::size_t length,
                                      std::uint64_t remote_address, std::uint64_t key,
                                      const std::atomic<bool>& peer_alive) {
-  return post_retrying(
-      [&] { return fi_inject_write(ep_, source, length, peer, remote_address, key); },
-      peer_alive);
+  auto o = std::make_shared<op>();
+  o->parts.store(1, std::memory_order_relaxed);
+  {
+    std::lock_guard lock(mutex_);
+    in_flight_.emplace(o.get(), o);
+  }
+  iovec iov{const_cast<void*>(source), length};
+  fi_rma_iov rma{remote_address, length, key};
+  fi_msg_rma msg{};
+  msg.msg_iov = &iov;
+  msg.iov_count = 1;
+  msg.addr = peer;
+  msg.rma_iov = &rma;
+  msg.rma_iov_count = 1;
+  msg.context = o.get();
+  status s = post_retrying([&] { return fi_writemsg(ep_, &msg, FI_INJECT | FI_COMPLETION); },
+                           peer_alive);
+  if (!s) {
+    std::lock_guard lock(mutex_);
+    complete(o.get(), s.error());
+  }
+  return s;
 }
 
 // A part of `o` that owns bounce slot `slot` and completes into `o`.
@@ -295,8 +319,8 @@ status fabric_endpoint::post_bounced(const std::shared_ptr<op>& o, bool is_write
 status fabric_endpoint::post_write(const std::shared_ptr<op>& o, fi_addr_t peer,
                                    const void* source, std::size_t length,
                                    std::uint64_t remote_address, std::uint64_t key,
-                                   const std::atomic<bool>& peer_alive) {
-  if (length <= inject_size_)
+                                   const std::atomic<bool>& peer_alive, bool may_inject) {
+  if (may_inject && length <= inject_size_)
     return inject_write(peer, source, length, remote_address, key, peer_alive);
   return post_rma(o, true, peer, static_cast<std::byte*>(const_cast<void*>(source)), length,
                   remote_address, key, peer_alive);

@@ -76,7 +76,7 @@ result<std::shared_ptr<op>> context::impl::start_transfer(import_handle handle,
   // Fabric path. A small plain send is injected: the provider copies it and
   // reports no completion, so no operation needs tracking.
   fabric_endpoint& ep = *imp->endpoint;
-  if (is_send && !options.notify && length <= ep.inject_size()) {
+  if (is_send && !options.notify && !options.transmit_complete && length <= ep.inject_size()) {
     if (status s = ep.inject_write(imp->fi_address, buffer, length, imp->remote_address + offset,
                                    imp->key, imp->peer->alive);
         !s)
@@ -95,7 +95,7 @@ result<std::shared_ptr<op>> context::impl::start_transfer(import_handle handle,
                      alive);
   } else if (!options.notify) {
     s = ep.post_write(o, imp->fi_address, buffer, length, imp->remote_address + offset, imp->key,
-                      alive);
+                      alive, /*may_inject=*/!options.transmit_complete);
   } else {
     wire::record_header h{wire::record_magic,
                           static_cast<std::uint32_t>(wire::record_type::notify),

@@ -141,6 +141,16 @@ class channel::impl {
   status put(std::size_t offset, std::uint64_t value) {
     return ctx.send(peer, offset, &value, sizeof value);
   }
+  // Tells the peer how far our stream reached. Returns once everything sent
+  // so far has left this process: bytes a writer saw accepted then reach the
+  // peer even if the writer exits or is killed at once, as with a kernel
+  // socket (on the fabric path they could otherwise still sit in libfabric).
+  status publish_produced() {
+    core::send_options o;
+    o.transmit_complete = true;
+    std::uint64_t value = stream_sent;
+    return ctx.send(peer, offsetof(area_header, produced), &value, sizeof value, o);
+  }
   result<std::uint64_t> get(std::size_t offset) {
     std::uint64_t v = 0;
     if (status s = ctx.fetch(peer, offset, &v, sizeof v); !s) return s.error();
@@ -359,7 +369,7 @@ std::size_t channel::impl::redirect_into_post(const std::byte* data, std::size_t
   if (placed && error) {
     stream_sent += placed;
     store(area->own_sent, stream_sent);
-    if (status s = put(offsetof(area_header, produced), stream_sent); !s) error = s;
+    if (status s = publish_produced(); !s) error = s;
     bytes_sent.fetch_add(placed, std::memory_order_relaxed);
   }
   return error ? placed : 0;
@@ -392,7 +402,7 @@ result<std::size_t> channel::impl::write(const std::byte* data, std::size_t leng
       ring_written += piece;
       stream_sent += piece;
       done += piece;
-      if (status s = put(offsetof(area_header, produced), stream_sent); !s) return s.error();
+      if (status s = publish_produced(); !s) return s.error();
       bytes_sent.fetch_add(piece, std::memory_order_relaxed);
     }
     // A post that arrived while we wrote is answered now, not later.

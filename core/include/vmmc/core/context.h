@@ -93,6 +93,12 @@ struct import_info {
 struct send_options {
   bool notify = false;       // run the exporter's handler after the data is in place
   std::uint64_t value = 0;   // user value carried by the notification
+  // send() returns only once this send and every earlier one to the same
+  // peer have left this process (libfabric's FI_TRANSMIT_COMPLETE): they then
+  // reach the exporter even if this process exits or is killed right after,
+  // as bytes written to a kernel socket do. Costs a completion wait on the
+  // fabric path; the mapped path's copy is always complete.
+  bool transmit_complete = false;
 };
 
 // What an asynchronous operation reports when it finishes.
@@ -185,8 +191,8 @@ class context {
   //
   // send: returns when `source` may be reused and the data is on its way in
   // order behind earlier sends to the same peer. Small sends are copied and
-  // return at once; a failure that happens after the copy (the peer died)
-  // is reported by the operations that follow.
+  // return at once (unless options.transmit_complete); a failure that happens
+  // after the copy (the peer died) is reported by the operations that follow.
   status send(import_handle to, std::uint64_t offset, const void* source, std::size_t length,
               send_options options = {});
   // fetch: returns when `destination` holds the bytes.
