@@ -565,22 +565,21 @@ int runtime::wait(request* r) {
 
 template <class Ready>
 int runtime::wait_until(Ready ready) {
-  auto start = clock::now();
-  auto spin_until = start + spin_;
+  auto spin_until = clock::now() + spin_;
   for (unsigned turn = 1;; ++turn) {
     progress();
     if (ready()) return 0;
     if (failure_) return failure_;
     if ((turn & 31) != 0) continue;
-    // After a short pure spin, let a peer that shares our core run.
-    auto now = clock::now();
-    if (oversubscribed_ || now - start > std::chrono::microseconds(20)) ::sched_yield();
-    if (now < spin_until) continue;
+    // More nodes than cores: let the peer we wait for run. Otherwise the
+    // launchers bind each node to its own core, and yielding would only hand
+    // the core to unrelated processes.
+    if (oversubscribed_) ::sched_yield();
+    if (clock::now() < spin_until) continue;
     check_peers();
     if (failure_) return failure_;
     sleep_a_little();
-    start = clock::now();
-    spin_until = start + spin_;
+    spin_until = clock::now() + spin_;
   }
 }
 
