@@ -308,6 +308,13 @@ int ioctl(int fd, unsigned long request, void* argument) {
   }
   if (s && request == FIONREAD && argument) {
     if (s->state.load() == phase::undecided) try_decide(*s, false);
+    if (s->state.load() == phase::plain || (raw_prefix_done(*s) && input_on_tcp(*s))) {
+      // Back on TCP: what we took off the connection, then the kernel's.
+      int* count = static_cast<int*>(argument);
+      if (::ioctl(fd, FIONREAD, count) != 0) return -1;
+      *count += static_cast<int>(std::min<size_t>(stash_size(*s), INT32_MAX / 2));
+      return 0;
+    }
     if (s->state.load() == phase::upgraded) {
       int* count = static_cast<int*>(argument);
       if (raw_prefix_done(*s)) {

@@ -200,6 +200,7 @@ void ring_doorbell(stream& s) {
 void discard_protocol_bytes(stream& s) {
   phase p = s.state.load();
   if (p != phase::upgraded && p != phase::undecided) return;
+  if (p == phase::upgraded && s.in_switched.load() && input_on_tcp(s)) return;  // all data again
   bool raw_done = p == phase::upgraded && raw_prefix_done(s);
   char scratch[4096];
   if (!raw_done) {

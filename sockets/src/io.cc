@@ -330,8 +330,12 @@ short ready_events(stream& s, short wanted, short kernel_events) {
   advance_upgrade(s);
   answer_revert(s);
   short out = kernel_events & ~(POLLIN | POLLRDNORM | POLLOUT | POLLWRNORM | POLLRDHUP);
-  if (!s.in_switched.load()) out |= kernel_events & POLLRDHUP;
-  if (s.chan->peer_closed()) out |= POLLRDHUP;
+  // The peer's end: on TCP before the switch and after its end record.
+  if (!s.in_switched.load() || input_on_tcp(s)) {
+    out |= kernel_events & POLLRDHUP;
+  } else if (s.chan->peer_closed()) {
+    out |= POLLRDHUP;
+  }
   redirect::channel& ch = *s.chan;
   if (wanted & (POLLIN | POLLRDNORM)) {
     if (!raw_prefix_done(s)) {
