@@ -20,7 +20,7 @@ std::string nxrun(int nodes, const std::string& suite) {
 }
 
 std::string mpirun(int nodes, const std::string& suite) {
-  return "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader "
+  return "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
          "mpirun --oversubscribe -n " +
          std::to_string(nodes) + " " + NX_CASES + " " + suite;
 }
