@@ -105,8 +105,16 @@ bool take_or_arm(connection& c) {
   sockets::poll(&p, 1, 0);
   long n = c.stream.try_fill();
   if (n > 0) return true;
-  if (n == 0 || !would_block(errno)) c.dead = true;
-  return false;
+  if (n == 0 || !would_block(errno)) {
+    c.dead = true;
+    return false;
+  }
+  // Armed. A call the client finished writing while we armed may not ring
+  // (the channel's sleep check accepts bytes fully produced after its first
+  // look, see the report on redirect's prepare_sleep): look once more, now
+  // that anything later is sure to ring.
+  int ready = 0;
+  return sockets::ioctl(c.xprt.xp_fd, FIONREAD, &ready) == 0 && ready > 0;
 }
 
 bool_t connection_recv(SVCXPRT* xprt, rpc_msg* msg) {
