@@ -28,7 +28,10 @@ const core::setting spin_us {"nx", "spin_us", core::setting_type::integer, "0",
 const core::setting start_timeout_ms {"nx", "start_timeout_ms", core::setting_type::integer,
   "30000", "how long start-up waits for the other nodes"};
 // clang-format on
-const core::setting table[] = {spin_us, start_timeout_ms};
+const core::setting print_stats{
+    "nx", "stats", core::setting_type::boolean, "0",
+    "at exit, print per peer the path and the bytes received by copy and by redirection"};
+const core::setting table[] = {spin_us, start_timeout_ms, print_stats};
 struct registrar {
   registrar() { core::register_settings(table); }
 } const register_once;
@@ -182,6 +185,16 @@ void runtime::finish() {
   });
   for (peer& p : peers_)
     if (p.channel) (void)p.channel->close_write();
+  if (core::setting_bool(print_stats)) {
+    for (std::size_t j = 0; j < peers_.size(); ++j) {
+      if (!peers_[j].channel) continue;
+      redirect::channel_counters c = peers_[j].channel->stats();
+      std::fprintf(stderr, "nx: node %ld <- node %zu: %s, %llu bytes copied, %llu redirected\n",
+                   node_, j, peers_[j].channel->path().c_str(),
+                   static_cast<unsigned long long>(c.bytes_copied),
+                   static_cast<unsigned long long>(c.bytes_redirected));
+    }
+  }
   if (boot_) boot_->finish();
 }
 
