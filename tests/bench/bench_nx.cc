@@ -85,6 +85,7 @@ void run_nx_benchmark(const options& opts, std::vector<result_row>& rows) {
       std::cerr << "measuring nx and openmpi, " << nodes << " processes, run " << run + 1 << "\n";
       keep_best(ours, run_job(std::string(VMMC_NXRUN) + " -n " + std::to_string(nodes) + " " +
                               VMMC_NX_NODE + args));
+      if (std::string(VMMC_MPI_REFERENCE).empty()) continue;  // built without MPI: "-"
       keep_best(openmpi, run_job(mpirun + (nodes > cores ? "--oversubscribe -n " : "-n ") +
                                  std::to_string(nodes) + " " + VMMC_MPI_REFERENCE + args));
     }
