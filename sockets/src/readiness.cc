@@ -25,10 +25,10 @@ namespace {
 using clock = std::chrono::steady_clock;
 
 // Streams whose readiness is not simply the kernel's.
-bool needs_us(const stream_ptr& s) {
-  phase p = s->state.load(std::memory_order_relaxed);
+bool needs_us(const stream& s) {
+  phase p = s.state.load(std::memory_order_relaxed);
   return p == phase::connecting || p == phase::undecided || p == phase::upgraded ||
-         stash_size(*s) > 0;
+         stash_size(s) > 0;
 }
 
 std::chrono::microseconds spin_time() {
@@ -92,7 +92,7 @@ int poll(pollfd* fds, nfds_t count, int timeout_ms) {
   for (nfds_t i = 0; i < count; ++i) {
     if (fds[i].fd < 0) continue;
     stream_ptr s = find(fds[i].fd);
-    if (s && needs_us(s)) {
+    if (s && needs_us(*s)) {
       st.ours.emplace_back(i, std::move(s));
       st.wanted.push_back(fds[i].events);
     }
@@ -130,7 +130,7 @@ int poll(pollfd* fds, nfds_t count, int timeout_ms) {
 int ppoll(pollfd* fds, nfds_t count, const timespec* timeout, const sigset_t* mask) {
   bool ours = false;
   for (nfds_t i = 0; i < count && !ours; ++i)
-    if (stream_ptr s = fds[i].fd >= 0 ? find(fds[i].fd) : nullptr) ours = needs_us(s);
+    if (stream_ptr s = fds[i].fd >= 0 ? find(fds[i].fd) : nullptr) ours = needs_us(*s);
   if (!ours) return ::ppoll(fds, count, timeout, mask);
   int ms = timeout
                ? static_cast<int>(timeout->tv_sec * 1000 + (timeout->tv_nsec + 999999) / 1000000)
@@ -196,7 +196,7 @@ int select_through_poll(int nfds, fd_set* readable, fd_set* writable, fd_set* ex
 bool any_of_ours(int nfds, fd_set* a, fd_set* b, fd_set* c) {
   for (int fd = 0; fd < nfds; ++fd)
     if ((a && FD_ISSET(fd, a)) || (b && FD_ISSET(fd, b)) || (c && FD_ISSET(fd, c)))
-      if (stream_ptr s = find(fd); s && needs_us(s)) return true;
+      if (stream_ptr s = find(fd); s && needs_us(*s)) return true;
   return false;
 }
 }  // namespace
@@ -228,6 +228,9 @@ int pselect(int nfds, fd_set* readable, fd_set* writable, fd_set* exceptional,
 // their writes go through the channel, whose space we check ourselves.
 namespace {
 struct interest {
+  // The stream behind the member, looked up once (epoll_ctl) rather than in
+  // every round; dropped once its last descriptor is closed.
+  stream_ptr stream;
   epoll_event user{};
   std::uint32_t kernel_events = 0;
   std::uint64_t reported_activity = ~std::uint64_t{0};
@@ -280,15 +283,20 @@ std::uint32_t kernel_events_for(stream* s, std::uint32_t user_events) {
 // What to report for member `fd` given the kernel's events for it (0 if
 // none); 0 means nothing. Keeps the kernel registration of a stream whose
 // writes moved to its channel free of EPOLLOUT (TCP is always writable).
+stream* member_stream(interest& in) {
+  if (in.stream && in.stream->closed.load(std::memory_order_relaxed)) in.stream.reset();
+  return in.stream.get();
+}
+
 std::uint32_t member_events(int epfd, int fd, interest& in, std::uint32_t kev) {
   if (in.disabled) return 0;
-  stream_ptr s = find(fd);
-  if (!s || !needs_us(s)) return kev & (in.user.events | EPOLLERR | EPOLLHUP);
+  stream* s = member_stream(in);
+  if (!s || !needs_us(*s)) return kev & (in.user.events | EPOLLERR | EPOLLHUP);
   std::uint32_t wanted = in.user.events;
   auto ev = static_cast<std::uint32_t>(static_cast<std::uint16_t>(
       ready_events(*s, static_cast<short>(wanted & 0xffff), static_cast<short>(kev & 0xffff))));
   ev &= wanted | EPOLLERR | EPOLLHUP;
-  if (std::uint32_t k = kernel_events_for(s.get(), wanted); k != in.kernel_events) {
+  if (std::uint32_t k = kernel_events_for(s, wanted); k != in.kernel_events) {
     epoll_event mod{k, {}};
     mod.data.u64 = static_cast<std::uint64_t>(fd);
     if (::epoll_ctl(epfd, EPOLL_CTL_MOD, fd, &mod) == 0) in.kernel_events = mod.events;
@@ -343,7 +351,7 @@ int collect(int epfd, epoll_set& set, epoll_event* events, int max_events, int t
   for (auto& [fd, in] : set.members) {
     if (n >= max_events) break;
     if (reported.count(fd)) continue;
-    stream_ptr s = find(fd);
+    stream* s = member_stream(in);
     if (!s || (s->state.load() != phase::upgraded && stash_size(*s) == 0)) continue;
     if (std::uint32_t ev = member_events(epfd, fd, in, 0)) emit(in, ev);
   }
@@ -355,7 +363,7 @@ bool any_stream_ready(epoll_set& set) {
   std::lock_guard lock(set.mutex);
   for (auto& [fd, in] : set.members) {
     if (in.disabled) continue;
-    stream_ptr s = find(fd);
+    stream* s = member_stream(in);
     if (!s || (s->state.load() != phase::upgraded && stash_size(*s) == 0)) continue;
     auto wanted = static_cast<short>(in.user.events & 0xffff);
     if (ready_events(*s, wanted, 0) & wanted) {
@@ -371,7 +379,7 @@ bool arm_streams(epoll_set& set) {
   std::lock_guard lock(set.mutex);
   for (auto& [fd, in] : set.members) {
     if (in.disabled) continue;
-    stream_ptr s = find(fd);
+    stream* s = member_stream(in);
     if (s && !prepare_sleep(*s, static_cast<short>(in.user.events & 0xffff))) return false;
   }
   return true;
@@ -415,6 +423,7 @@ int epoll_ctl(int epfd, int op, int fd, epoll_event* event) {
   if (r == 0) {
     interest& in = set->members[fd];
     in = interest{};
+    in.stream = std::move(s);
     in.user = *event;
     in.kernel_events = k.events;
   }

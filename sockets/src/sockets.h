@@ -47,7 +47,8 @@ struct stream {
   // The descriptor kernel calls go through; another alias of the same socket
   // (dup) once this one is closed.
   std::atomic<int> fd;
-  std::atomic<int> aliases{1};  // descriptors of this process naming the stream
+  std::atomic<int> aliases{1};      // descriptors of this process naming the stream
+  std::atomic<bool> closed{false};  // the last of them was closed
   std::atomic<bool> is_client{false};
   std::atomic<phase> state{phase::idle};
   std::atomic<bool> nonblocking{false};

@@ -101,7 +101,11 @@ stream_ptr release_slot(int fd) {
   if (fd < 0 || static_cast<std::size_t>(fd) >= t.slots.size()) return nullptr;
   if (static_cast<std::size_t>(fd) < flagged) known[fd].store(false);
   stream_ptr s = std::move(t.slots[static_cast<std::size_t>(fd)]);
-  if (!s || s->aliases.fetch_sub(1) == 1) return s;
+  if (!s) return s;
+  if (s->aliases.fetch_sub(1) == 1) {
+    s->closed.store(true);  // epoll sets drop their reference
+    return s;
+  }
   // Other descriptors still name this stream: the kernel calls go through one
   // of them from now on.
   if (s->fd.load() == fd) {
