@@ -109,10 +109,10 @@ bool take_or_arm(connection& c) {
     c.dead = true;
     return false;
   }
-  // Armed. A call the client finished writing while we armed may not ring
-  // (the channel's sleep check accepts bytes fully produced after its first
-  // look, see the report on redirect's prepare_sleep): look once more, now
-  // that anything later is sure to ring.
+  // Armed. A call the client finished writing while we armed may not ring:
+  // redirect's prepare_sleep looks for readable bytes only before it arms,
+  // and afterwards only for bytes still in flight. Look once more, now that
+  // anything later is sure to ring.
   int ready = 0;
   return sockets::ioctl(c.xprt.xp_fd, FIONREAD, &ready) == 0 && ready > 0;
 }
