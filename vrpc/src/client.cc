@@ -65,10 +65,7 @@ clnt_stat transport_error(client& c, clnt_stat status) {
 }
 
 void free_verifier(opaque_auth& verifier) {
-  if (!verifier.oa_base) return;
-  XDR free_xdr{};
-  free_xdr.x_op = XDR_FREE;
-  xdr_opaque_auth(&free_xdr, &verifier);
+  if (verifier.oa_base) free_decoded(as_xdrproc(&xdr_opaque_auth), &verifier);
 }
 
 clnt_stat call(CLIENT* handle, rpcproc_t proc, xdrproc_t xdr_args, void* args,
@@ -112,7 +109,7 @@ call_again:
     reply = rpc_msg{};
     reply.acpted_rply.ar_verf = _null_auth;
     reply.acpted_rply.ar_results.where = nullptr;
-    reply.acpted_rply.ar_results.proc = void_results();
+    reply.acpted_rply.ar_results.proc = as_xdrproc(&xdr_void);
     if (!c.stream.begin_record()) return transport_error(c, RPC_CANTRECV);
     if (xdr_replymsg(in, &reply)) {
       if (reply.rm_xid == xid) break;
@@ -155,9 +152,7 @@ void get_error(CLIENT* handle, rpc_err* error) {
 }
 
 bool_t free_results(CLIENT*, xdrproc_t xdr_results, void* results) {
-  XDR free_xdr{};
-  free_xdr.x_op = XDR_FREE;
-  return xdr_results(&free_xdr, results);
+  return free_decoded(xdr_results, results);
 }
 
 void destroy(CLIENT* handle) {

@@ -192,7 +192,7 @@ bool_t connection_reply(SVCXPRT* xprt, rpc_msg* msg) {
   if (has_results) {
     xdr_results = msg->acpted_rply.ar_results.proc;
     results = msg->acpted_rply.ar_results.where;
-    msg->acpted_rply.ar_results.proc = void_results();
+    msg->acpted_rply.ar_results.proc = as_xdrproc(&xdr_void);
     msg->acpted_rply.ar_results.where = nullptr;
   }
   XDR* out = c.stream.encoder();
@@ -205,9 +205,7 @@ bool_t connection_reply(SVCXPRT* xprt, rpc_msg* msg) {
 }
 
 bool_t free_args(SVCXPRT*, xdrproc_t xdr_args, void* args) {
-  XDR free_xdr{};
-  free_xdr.x_op = XDR_FREE;
-  return xdr_args(&free_xdr, args);
+  return free_decoded(xdr_args, args);
 }
 
 void connection_destroy(SVCXPRT* xprt) {

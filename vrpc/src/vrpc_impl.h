@@ -100,9 +100,16 @@ class record_stream {
   int errno_ = 0;
 };
 
-// xdr_void as an xdrproc_t.
-inline xdrproc_t void_results() {
-  return reinterpret_cast<xdrproc_t>(reinterpret_cast<void*>(&xdr_void));
+// An XDR routine as libtirpc's variadic xdrproc_t.
+template <class F>
+xdrproc_t as_xdrproc(F* routine) {
+  return reinterpret_cast<xdrproc_t>(reinterpret_cast<void*>(routine));
+}
+// Frees what XDR decoded into `where` (XDR_FREE through `proc`).
+inline bool_t free_decoded(xdrproc_t proc, void* where) {
+  XDR free_xdr{};
+  free_xdr.x_op = XDR_FREE;
+  return proc(&free_xdr, where);
 }
 // Sets SO_RCVTIMEO and SO_SNDTIMEO on a vmmc::sockets descriptor.
 bool set_io_timeout(int fd, int milliseconds);
