@@ -65,8 +65,12 @@ runtime* the_runtime = nullptr;
 }  // namespace
 
 [[noreturn]] void fatal(const char* call, int code) {
-  std::fprintf(stderr, "nx: node %ld: %s: %s\n", the_runtime ? the_runtime->node() : -1L, call,
-               describe(code));
+  long node = the_runtime ? the_runtime->node() : -1L;
+  long peer = the_runtime ? the_runtime->failed_node() : -1L;
+  if (peer >= 0 && (code == EQNODEGONE || code == EQFAIL))
+    std::fprintf(stderr, "nx: node %ld: %s: %s (node %ld)\n", node, call, describe(code), peer);
+  else
+    std::fprintf(stderr, "nx: node %ld: %s: %s\n", node, call, describe(code));
   std::fflush(stderr);
   std::_Exit(1);  // no atexit: peers must see this node die, not end in order
 }

@@ -79,6 +79,8 @@ class runtime {
 
   long node() const { return node_; }
   long nodes() const { return nodes_; }
+  // The peer whose failure set the sticky error, or -1.
+  long failed_node() const { return failed_node_; }
   long ptype = 0;
 
   // Sends to `node` (-1: all others). With `async` null, returns when `data`
