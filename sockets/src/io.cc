@@ -333,7 +333,7 @@ short ready_events(stream& s, short wanted, short kernel_events) {
   // The peer's end: on TCP before the switch and after its end record.
   if (!s.in_switched.load() || input_on_tcp(s)) {
     out |= kernel_events & POLLRDHUP;
-  } else if (s.chan->peer_closed()) {
+  } else if ((wanted & POLLRDHUP) && s.chan->peer_closed()) {
     out |= POLLRDHUP;
   }
   redirect::channel& ch = *s.chan;
