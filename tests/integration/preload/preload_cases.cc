@@ -16,7 +16,9 @@
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/select.h>
+#include <sys/sendfile.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -648,6 +650,54 @@ int bulk_case(std::uint64_t total) {
   return 0;
 }
 
+// ---- dup/dup2/F_DUPFD name the same accelerated stream; closing the
+// original keeps the copy working; sendfile and readv/writev go through it.
+int dup_case() {
+  int port;
+  pid_t server = spawn_server({"select-server", "1", "1"}, port);
+  int fd = connect_to(port);
+  echo_round(fd, 100000);
+  echo_round(fd, 100000);
+  expect_path(fd, true, "before dup");
+  int copy = ::dup(fd);
+  check(copy >= 0 && ::close(fd) == 0, "dup, close the original");
+  expect_path(copy, true, "the dup");
+  echo_round(copy, 200000);
+  int high = ::fcntl(copy, F_DUPFD_CLOEXEC, 100);
+  check(high >= 100 && ::dup2(high, copy) == copy, "F_DUPFD, dup2 back");
+  ::close(high);
+  expect_path(copy, true, "after F_DUPFD and dup2");
+  // sendfile from a file holding pattern bytes 0..N, echoed back.
+  char path[] = "/tmp/vmmc-preload-XXXXXX";
+  int file = ::mkstemp(path);
+  check(file >= 0, "mkstemp");
+  ::unlink(path);
+  std::vector<char> bytes(300000);
+  fill(bytes.data(), bytes.size(), 0);
+  check(::write(file, bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size()), "file");
+  off_t at = 0;
+  std::size_t sent = 0;
+  while (sent < bytes.size()) {
+    ssize_t n = ::sendfile(copy, file, &at, bytes.size() - sent);
+    check(n > 0, "sendfile");
+    sent += static_cast<std::size_t>(n);
+  }
+  check(at == static_cast<off_t>(bytes.size()), "sendfile offset");
+  receive_pattern(copy, 0, bytes.size());
+  // Gather out, scatter in.
+  char a[1000], b[3000];
+  fill(a, sizeof a, 0);
+  fill(b, sizeof b, sizeof a);
+  iovec out[2] = {{a, sizeof a}, {b, sizeof b}};
+  check(::writev(copy, out, 2) == 4000, "writev");
+  receive_pattern(copy, 0, 4000);
+  expect_path(copy, true, "after sendfile and writev");
+  ::close(file);
+  finish(copy);
+  reap(server, "server");
+  return 0;
+}
+
 // ---- what a process pays that meets no vmmc peer: nothing started. A
 // preloaded client of a plain server, with UDP and a pipe on the side, runs
 // no thread besides its own; and the settings that turn acceleration off.
@@ -733,6 +783,7 @@ int main(int argc, char** argv) {
   if (role == "inetd") return exec_case(true);
   if (role == "one-side") return one_side_case();
   if (role == "lazy") return lazy_case();
+  if (role == "dup") return dup_case();
   if (role == "epoll-fork") return epoll_fork_case();
   if (role == "forking-client") return forking_client(static_cast<int>(arg(2)));
   if (role == "settings") return settings_case();
