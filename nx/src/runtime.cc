@@ -193,10 +193,13 @@ void runtime::finish() {
     for (std::size_t j = 0; j < peers_.size(); ++j) {
       if (!peers_[j].channel) continue;
       redirect::channel_counters c = peers_[j].channel->stats();
-      std::fprintf(stderr, "nx: node %ld <- node %zu: %s, %llu bytes copied, %llu redirected\n",
+      std::fprintf(stderr,
+                   "nx: node %ld <- node %zu: %s, %llu bytes copied, %llu redirected, %llu "
+                   "doorbells rung\n",
                    node_, j, peers_[j].channel->path().c_str(),
                    static_cast<unsigned long long>(c.bytes_copied),
-                   static_cast<unsigned long long>(c.bytes_redirected));
+                   static_cast<unsigned long long>(c.bytes_redirected),
+                   static_cast<unsigned long long>(c.doorbells_rung));
     }
   }
   if (boot_) boot_->finish();
