@@ -538,7 +538,10 @@ bool channel::impl::prepare_sleep(sleep_reason reason) {
     full_fence();
     auto sent = get(offsetof(area_header, own_sent));  // ordered behind the arming write
     if (!sent) return false;                           // gone: let the caller find out
-    return *sent <= load(area->produced) && load(area->fin) == 0;
+    // Sleep only if we consumed everything the writer had sent when our arm
+    // landed: bytes that arrived while we armed (the writer looked at the arm
+    // before it landed, so it will not ring for them) must be read first.
+    return *sent <= stream_read && load(area->fin) == 0;
   }
   if (writable() > 0) return false;
   if (!put(offsetof(area_header, space_armed), ++space_epoch)) return false;
