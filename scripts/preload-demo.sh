@@ -133,11 +133,11 @@ row() {  # row <label> <key> <unit> <lower|higher> <target>
   else
     ratio=$(python3 -c "print('%.2fx higher' % ($v/$k) if $k > 0 else 'n/a')")
   fi
-  printf '| %-34s | %12s | %12s | %-13s | %-8s |\n' "$1 ($3)" "$k" "$v" "$ratio" "$5"
+  printf '| %-37s | %12s | %12s | %-13s | %-8s |\n' "$1 ($3)" "$k" "$v" "$ratio" "$5"
 }
 echo
-printf '| %-34s | %12s | %12s | %-13s | %-8s |\n' "program" "kernel TCP" "vmmc preload" "ratio" "target"
-printf '|%s|%s|%s|%s|%s|\n' "------------------------------------" "--------------" "--------------" "---------------" "----------"
+printf '| %-37s | %12s | %12s | %-13s | %-8s |\n' "program" "kernel TCP" "vmmc preload" "ratio" "target"
+printf '|%s|%s|%s|%s|%s|\n' "---------------------------------------" "--------------" "--------------" "---------------" "----------"
 row "sockperf ping-pong 64 B latency" pingpong "us" lower ">=10x"
 row "sockperf throughput 64 B" throughput "msg/s" higher "-"
 row "iperf3 -t $seconds" iperf "Gbit/s" higher ">=2.5x"

@@ -38,8 +38,10 @@ struct real_calls {
 #undef VMMC_REAL
 } real;
 
-thread_local bool inside = false;  // this thread is in the library: go to libc
-bool active = false;               // VMMC_PRELOAD_ENABLE and resolved
+// This thread is in the library: go to libc. Initial-exec: the module is
+// loaded at start-up (LD_PRELOAD), so the flag is one load, not a call.
+thread_local bool inside __attribute__((tls_model("initial-exec"))) = false;
+bool active = false;  // VMMC_PRELOAD_ENABLE and resolved
 
 struct scope {
   scope() { inside = true; }

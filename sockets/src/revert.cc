@@ -224,6 +224,7 @@ void keep_taken(taking& t) {
 }
 
 constexpr auto revert_patience = std::chrono::milliseconds(2000);
+constexpr auto lock_patience = std::chrono::milliseconds(100);
 
 // Takes every accelerated connection (with only_inheritable: those without
 // FD_CLOEXEC) back to TCP, all at once: a connection whose peer is in this
@@ -239,9 +240,16 @@ void revert_all(bool only_inheritable) {
       int flags = ::fcntl(s->fd, F_GETFD);
       if (flags < 0 || (flags & FD_CLOEXEC)) continue;
     }
-    taking t{s, std::unique_lock(s->read_mutex, std::defer_lock),
-             std::unique_lock(s->write_mutex, std::defer_lock)};
-    if (!t.read_lock.try_lock_until(deadline) || !t.write_lock.try_lock_until(deadline)) continue;
+    taking t{s,
+             std::unique_lock(s->read_mutex, std::defer_lock),
+             std::unique_lock(s->write_mutex, std::defer_lock),
+             {},
+             false};
+    // A reader or writer blocked in another thread keeps its connection on
+    // VMMC (unusable in a fork child) rather than stall the fork.
+    auto lock_deadline = clock::now() + lock_patience;
+    if (!t.read_lock.try_lock_until(lock_deadline) || !t.write_lock.try_lock_until(lock_deadline))
+      continue;
     if (s->state.load() == phase::upgraded) pending.push_back(std::move(t));
   }
   std::vector<pollfd> fds;
