@@ -19,6 +19,8 @@ constexpr std::size_t buffer_bytes = 64 * 1024;
 // the connection and the caller's memory directly.
 constexpr std::size_t direct_min = 16 * 1024;
 constexpr std::uint32_t last_bit = 0x80000000u;
+// What a read at a record's start takes at most (see read_limit).
+constexpr std::size_t first_read_bytes = 512;
 
 record_stream* self(XDR* xdrs) {
   return static_cast<record_stream*>(xdrs->x_private);
@@ -86,6 +88,19 @@ bool record_stream::fail(failure f, int error_number) {
 
 // ------------------------------------------------------------------ decoding
 
+// A read never takes bytes of a fragment it may not need to buffer: inside a
+// record it stops at the current fragment's end plus the next header, so a
+// large fragment after it is read straight into the caller's memory; at a
+// record's start it takes what a small call or reply needs (what a sender
+// puts before a large value's own fragment), so at most that much of a large
+// value is copied twice.
+std::size_t record_stream::read_limit() const {
+  std::size_t room = in_.size() - in_end_;
+  if (in_record_ && fragment_left_ > buffered())
+    return std::min(room, fragment_left_ - buffered() + 4);
+  return std::min(room, first_read_bytes);
+}
+
 bool record_stream::fill() {
   if (in_pos_ == in_end_) {
     in_pos_ = in_end_ = 0;
@@ -95,7 +110,7 @@ bool record_stream::fill() {
     in_pos_ = 0;
   }
   while (true) {
-    ssize_t n = sockets::read(fd_, in_.data() + in_end_, in_.size() - in_end_);
+    ssize_t n = sockets::read(fd_, in_.data() + in_end_, read_limit());
     if (n > 0) {
       in_end_ += static_cast<std::size_t>(n);
       return true;
@@ -110,7 +125,7 @@ bool record_stream::fill() {
 long record_stream::try_fill() {
   if (in_pos_ == in_end_) in_pos_ = in_end_ = 0;
   if (in_end_ == in_.size()) return static_cast<long>(buffered());
-  ssize_t n = sockets::recv(fd_, in_.data() + in_end_, in_.size() - in_end_, MSG_DONTWAIT);
+  ssize_t n = sockets::recv(fd_, in_.data() + in_end_, read_limit(), MSG_DONTWAIT);
   if (n > 0) in_end_ += static_cast<std::size_t>(n);
   return n;
 }

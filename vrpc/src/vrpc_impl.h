@@ -77,6 +77,7 @@ class record_stream {
 
  private:
   bool fill();  // at least one more byte into the buffer (blocking)
+  std::size_t read_limit() const;
   bool read_direct(char* data, std::size_t length);
   bool next_fragment();
   bool flush_fragment(bool last);
