@@ -215,6 +215,17 @@ int close(int fd) {
 int shutdown(int fd, int how) {
   FORWARD(shutdown(fd, how), shutdown(fd, how));
 }
+int close_range(unsigned int first, unsigned int last, int flags) {
+  FORWARD(close_range(first, last, flags), close_range(first, last, flags));
+}
+void closefrom(int lowest) {
+  if (bypass()) return real.closefrom(lowest);
+  scope guard;
+  if (so::close_range(static_cast<unsigned int>(lowest), ~0U, 0) != 0) {
+    // As glibc: without close_range, close one by one.
+    for (int fd = lowest; fd < ::sysconf(_SC_OPEN_MAX); ++fd) so::close(fd);
+  }
+}
 int dup(int fd) {
   FORWARD(dup(fd), dup(fd));
 }

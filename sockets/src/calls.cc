@@ -216,6 +216,17 @@ int close(int fd) {
   return ::close(fd);
 }
 
+int close_range(unsigned int first, unsigned int last, int flags) {
+  if (!(flags & CLOSE_RANGE_CLOEXEC)) {
+    // Our streams in the range close the way close() does; the kernel then
+    // closes the rest.
+    for (int fd : descriptors())
+      if (static_cast<unsigned>(fd) >= first && static_cast<unsigned>(fd) <= last)
+        vmmc::sockets::close(fd);
+  }
+  return ::close_range(first, last, flags);
+}
+
 int dup(int fd) {
   int copy = ::dup(fd);
   if (copy >= 0)

@@ -122,6 +122,7 @@ void alias(int fd, const stream_ptr& s);   // `fd` names `s` too (dup)
 stream_ptr release_slot(int fd);
 void forget(int fd);
 std::vector<stream_ptr> all_streams();
+std::vector<int> descriptors();  // every descriptor in the table
 bool context_started();
 bool enabled();
 // Created on first need (a peer that speaks vmmc): a process that never meets

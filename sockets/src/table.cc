@@ -123,6 +123,15 @@ void forget(int fd) {
   stream_ptr gone = release_slot(fd);  // destroyed outside the lock: a channel talks to its peer
 }
 
+std::vector<int> descriptors() {
+  auto& t = table();
+  std::shared_lock lock(t.mutex);
+  std::vector<int> fds;
+  for (std::size_t i = 0; i < t.slots.size(); ++i)
+    if (t.slots[i]) fds.push_back(static_cast<int>(i));
+  return fds;
+}
+
 std::vector<stream_ptr> all_streams() {
   auto& t = table();
   std::shared_lock lock(t.mutex);

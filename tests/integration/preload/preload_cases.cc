@@ -698,6 +698,32 @@ int dup_case() {
   return 0;
 }
 
+// ---- close_range forgets accelerated streams: a file that reuses the
+// descriptor number reads as a file.
+int close_range_case() {
+  int port;
+  int lfd = listen_on(port);
+  int a = connect_to(port);
+  int b = ::accept(lfd, nullptr, nullptr);
+  for (int i = 0; i < 4; ++i) {  // one thread plays both ends
+    char c = 'x';
+    write_all(a, &c, 1);
+    check(::read(b, &c, 1) == 1, "b reads");
+    write_all(b, &c, 1);
+    check(::read(a, &c, 1) == 1, "a reads");
+  }
+  expect_path(a, true, "self connection");
+  int low = std::min(a, b);
+  check(::close_range(static_cast<unsigned>(low), static_cast<unsigned>(std::max(a, b)), 0) == 0,
+        "close_range");
+  int f = ::open("/proc/self/status", O_RDONLY);
+  check(f == low, "the descriptor number is reused");
+  char text[5] = "";
+  check(::read(f, text, 4) == 4 && std::strncmp(text, "Name", 4) == 0, "a file reads as a file");
+  check(describe(f).empty(), "not a stream any more");
+  return 0;
+}
+
 // ---- what a process pays that meets no vmmc peer: nothing started. A
 // preloaded client of a plain server, with UDP and a pipe on the side, runs
 // no thread besides its own; and the settings that turn acceleration off.
@@ -784,6 +810,7 @@ int main(int argc, char** argv) {
   if (role == "one-side") return one_side_case();
   if (role == "lazy") return lazy_case();
   if (role == "dup") return dup_case();
+  if (role == "close-range") return close_range_case();
   if (role == "epoll-fork") return epoll_fork_case();
   if (role == "forking-client") return forking_client(static_cast<int>(arg(2)));
   if (role == "settings") return settings_case();

@@ -64,6 +64,9 @@ int shutdown(int fd, int how);
 // Closing one of several descriptors of a socket (dup, or a fork() copy)
 // leaves the connection alone; the last one ends it.
 int close(int fd);
+// close() for every descriptor from `first` to `last` (unless `flags` has
+// CLOSE_RANGE_CLOEXEC); closefrom(3) is close_range(first, ~0U, 0).
+int close_range(unsigned int first, unsigned int last, int flags);
 // The copies name the same stream: either may be used or closed.
 int dup(int fd);
 int dup2(int fd, int target);
