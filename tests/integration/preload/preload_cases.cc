@@ -502,6 +502,50 @@ int fork_after_accept_case() {
   return 0;
 }
 
+// ---- fork while the peer does not run (asleep, no call on the socket):
+// after its 2 s of patience the fork goes on; the child cannot use the
+// connection (EIO), the parent keeps it, and once the peer runs again (and
+// answers the revert late) every byte still arrives in order.
+int unanswered_fork_server() {
+  int port;
+  int lfd = listen_on(port);
+  tell_port(port);
+  int c = ::accept(lfd, nullptr, nullptr);
+  check(c >= 0, "accept");
+  ping(c, false);
+  expect_path(c, true, "server before fork");
+  pid_t child = ::fork();  // the client sleeps meanwhile
+  check(child >= 0, "fork");
+  if (child == 0) {
+    char x;
+    bool eio = ::read(c, &x, 1) < 0 && errno == EIO;
+    _exit(eio ? 0 : 1);
+  }
+  reap(child, "child (expects EIO)");
+  receive_pattern(c, 0, small);
+  send_pattern(c, 0, small);
+  ::close(c);
+  return 0;
+}
+
+int sleepy_client(int port) {
+  int fd = connect_to(port);
+  ping(fd, true);
+  ::sleep(3);  // not in any call on the socket while the server forks
+  send_pattern(fd, 0, small);
+  receive_pattern(fd, 0, small);
+  finish(fd);
+  return 0;
+}
+
+int unanswered_fork_case() {
+  int port;
+  pid_t server = spawn_server({"unanswered-fork-server"}, port);
+  reap(spawn({"sleepy-client", std::to_string(port)}), "client");
+  reap(server, "server");
+  return 0;
+}
+
 // ---- fork before accept: a parent that already runs VMMC (one accelerated
 // connection of its own) preforks workers sharing its listener; each accepts
 // and serves one connection, accelerated in the worker.
@@ -810,6 +854,9 @@ int main(int argc, char** argv) {
   if (role == "one-side") return one_side_case();
   if (role == "lazy") return lazy_case();
   if (role == "dup") return dup_case();
+  if (role == "unanswered-fork") return unanswered_fork_case();
+  if (role == "unanswered-fork-server") return unanswered_fork_server();
+  if (role == "sleepy-client") return sleepy_client(static_cast<int>(arg(2)));
   if (role == "close-range") return close_range_case();
   if (role == "epoll-fork") return epoll_fork_case();
   if (role == "forking-client") return forking_client(static_cast<int>(arg(2)));
