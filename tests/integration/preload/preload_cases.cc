@@ -531,7 +531,7 @@ int unanswered_fork_server() {
 int sleepy_client(int port) {
   int fd = connect_to(port);
   ping(fd, true);
-  ::sleep(3);  // not in any call on the socket while the server forks
+  ::sleep(4);  // not in any call on the socket while the server forks (2 s patience)
   send_pattern(fd, 0, small);
   receive_pattern(fd, 0, small);
   finish(fd);
