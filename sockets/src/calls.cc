@@ -163,7 +163,11 @@ int listen(int fd, int backlog) {
 int accept4(int fd, sockaddr* address, socklen_t* length, int flags) {
   int client = ::accept4(fd, address, length, flags);
   if (client < 0 || !find(fd)) return client;
-  if (!allowed(nullptr, address && length ? address : nullptr)) return client;
+  sockaddr_storage peer{};
+  socklen_t peer_length = sizeof peer;
+  if (::getpeername(client, reinterpret_cast<sockaddr*>(&peer), &peer_length) == 0 &&
+      !allowed(nullptr, reinterpret_cast<sockaddr*>(&peer)))
+    return client;  // an excluded peer address: the kernel's alone
   auto s = adopt(client, false);
   s->nonblocking.store(flags & SOCK_NONBLOCK);
   s->state.store(phase::undecided);
@@ -201,8 +205,8 @@ int close(int fd) {
       // neither end it nor tear it down from here.
       (void)s->chan.release();
     } else if (s && !s->shared.load()) {
-      // Since fork() another process may hold the socket: only the last
-      // close ends the stream, and the kernel knows when that is.
+      // (A stream shared since fork() may live on in another process: only
+      // the kernel knows which close is the last, so we leave it be.)
       if (s->state.load() == phase::upgraded && s->out_switched.load() && !s->out_reverted.load() &&
           !s->write_shut.load()) {
         std::lock_guard lock(s->write_mutex);
