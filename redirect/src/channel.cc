@@ -567,7 +567,15 @@ status channel::impl::wait_a_little(clock::time_point deadline, clock::time_poin
                                     sleep_reason reason) {
   auto now = clock::now();
   if (now >= deadline) return errc::timed_out;
-  if (now < spin_until) return {};  // every caller's loop drives progress
+  if (now < spin_until) {
+    // Every caller's loop drives progress. Past the first few microseconds a
+    // spinner yields at each turn: on a machine with more runnable threads
+    // than cores, a pure spin would hold the core the peer needs to answer
+    // (preloaded sockperf under two compilers: 337 us one-way, 16 us with
+    // VMMC_CORE_SPIN_US=0). With a core to spare, yield returns at once.
+    if (spin_until - now < spin - std::chrono::microseconds(5)) std::this_thread::yield();
+    return {};
+  }
   if (gone()) return errc::peer_gone;
   if (!attached) {
     // Cannot arm a doorbell before we reach the peer's area: nap instead.
