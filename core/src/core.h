@@ -339,6 +339,7 @@ class fabric_endpoint final : public registrar {
   bool virt_addr_ = false;
   bool prov_key_ = false;
   bool local_mr_ = false;
+  bool inject_with_context_ = false;  // see inject_write()
   std::atomic<std::uint64_t> next_key_{1};
   std::atomic<bool> in_use_{false};
   std::size_t inject_size_ = 0;

@@ -76,6 +76,7 @@ result<std::unique_ptr<fabric_endpoint>> fabric_endpoint::open(const std::string
   e->prov_key_ = info->domain_attr->mr_mode & FI_MR_PROV_KEY;
   e->local_mr_ = info->domain_attr->mr_mode & FI_MR_LOCAL;
   e->inject_size_ = info->tx_attr->inject_size;
+  e->inject_with_context_ = std::strstr(info->fabric_attr->prov_name, "ofi_rxm") != nullptr;
 
   if ((rc = fi_fabric(info->fabric_attr, &e->fabric_, nullptr)) ||
       (rc = fi_domain(e->fabric_, info, &e->domain_, nullptr)))
@@ -230,14 +231,19 @@ int fabric_endpoint::take_bounce_slot(const std::atomic<bool>& peer_alive) {
 
 void fabric_endpoint::give_bounce_slot(int slot) { free_bounce_.push_back(slot); }
 
-// Not fi_inject_write: over ofi_rxm (libfabric 1.17) an injected write still
-// queued when its connection breaks comes back as an error completion with a
-// null context, and rxm dereferences it (SIGSEGV in fi_cq_read, seen when a
-// peer is killed). Posted with FI_INJECT | FI_COMPLETION the provider still
-// copies the source before returning, and every completion carries a context.
+// Over ofi_rxm (libfabric 1.17) an fi_inject_write still queued when its
+// connection breaks comes back as an error completion with a null context,
+// and rxm dereferences it (SIGSEGV in fi_cq_read, seen when a peer is
+// killed). There we post with FI_INJECT | FI_COMPLETION: the provider still
+// copies the source before returning, and every completion carries a context
+// (at a cost: 64-byte streaming over tcp halves). Other providers inject.
 status fabric_endpoint::inject_write(fi_addr_t peer, const void* source, std::size_t length,
                                      std::uint64_t remote_address, std::uint64_t key,
                                      const std::atomic<bool>& peer_alive) {
+  if (!inject_with_context_)
+    return post_retrying(
+        [&] { return fi_inject_write(ep_, source, length, peer, remote_address, key); },
+        peer_alive);
   auto o = std::make_shared<op>();
   o->parts.store(1, std::memory_order_relaxed);
   {
