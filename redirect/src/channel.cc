@@ -158,11 +158,24 @@ class channel::impl {
   }
   // Our earlier writes are in the peer's memory once this returns: on the
   // fabric path a fetch is ordered behind them (read-after-write ordering).
+  // Bounded: over libfabric shm a fetch between two live processes that are
+  // both ending was seen never to complete (nx jobs hanging in exit), and an
+  // end of stream must not hang a process. A fetch given up on may still
+  // land later, so its 8-byte target is left allocated then.
   status flush() {
     if (!fabric) return {};
-    auto v = get(offsetof(area_header, own_sent));
-    return v ? status{} : status(v.error());
+    auto target = std::make_unique<std::uint64_t>(0);
+    auto r = ctx.fetch_async(peer, offsetof(area_header, own_sent), target.get(), sizeof *target);
+    if (!r) return r.error();
+    auto done = ctx.wait(*r, flush_timeout);
+    if (done.is(errc::timed_out)) {
+      (void)target.release();
+      return errc::timed_out;
+    }
+    if (!done) return done.error();
+    return done->error ? status(done->error) : status{};
   }
+  static constexpr std::chrono::seconds flush_timeout{2};
   void progress() {
     if (fabric) ctx.progress();
   }
