@@ -73,8 +73,8 @@ result<std::shared_ptr<op>> context::impl::start_transfer(import_handle handle,
     return std::shared_ptr<op>();
   }
 
-  // Fabric path. A small plain send is injected: the provider copies it and
-  // reports no completion, so no operation needs tracking.
+  // Fabric path. A small plain send is injected: the provider copies it, so
+  // the caller has nothing to wait for (unless it asked for transmit_complete).
   fabric_endpoint& ep = *imp->endpoint;
   if (is_send && !options.notify && !options.transmit_complete && length <= ep.inject_size()) {
     if (status s = ep.inject_write(imp->fi_address, buffer, length, imp->remote_address + offset,
