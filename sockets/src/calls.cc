@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/ioctl.h>
 #include <sys/sendfile.h>
 #include <unistd.h>
@@ -285,11 +286,24 @@ int shutdown(int fd, int how) {
 }
 
 int getsockopt(int fd, int level, int name, void* value, socklen_t* length) {
+  if (level == IPPROTO_TCP && name == TCP_NODELAY && value && length && *length >= sizeof(int))
+    if (stream_ptr s = find(fd); s && s->out_switched.load()) {
+      *static_cast<int*>(value) = s->app_nodelay.load() ? 1 : 0;
+      *length = sizeof(int);
+      return 0;
+    }
   return ::getsockopt(fd, level, name, value, length);
 }
 
 int setsockopt(int fd, int level, int name, const void* value, socklen_t length) {
   int r = ::setsockopt(fd, level, name, value, length);
+  if (r == 0 && level == IPPROTO_TCP && name == TCP_NODELAY && length >= sizeof(int)) {
+    if (stream_ptr s = find(fd)) {
+      s->app_nodelay.store(*static_cast<const int*>(value) != 0);
+      int on = 1;  // a switched connection's TCP bytes are doorbells: no Nagle
+      if (s->out_switched.load()) (void)::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
+    }
+  }
   if (r == 0 && level == SOL_SOCKET && (name == SO_RCVTIMEO || name == SO_SNDTIMEO)) {
     if (stream_ptr s = find(fd)) {
       (name == SO_RCVTIMEO ? s->receive_timeout : s->send_timeout).store(timeout_of(value, length));

@@ -67,6 +67,9 @@ struct stream {
   // out_switched once the hello is placed: writes go to the channel.
   std::atomic<std::uint64_t> tcp_out{0};
   std::atomic<bool> out_switched{false};
+  // TCP_NODELAY as the application set it (the kernel default is off). Once
+  // a direction switched, the kernel's stays on for our doorbells.
+  std::atomic<bool> app_nodelay{false};
   std::atomic<bool> hello_pending{false};  // a reader found the peer ready; a writer places it
   // Incoming: raw bytes read from TCP so far; the peer's N once known;
   // in_switched once all of them are read.

@@ -248,6 +248,24 @@ TEST_P(Semantics, TcpNodelayIsAcceptedAndReadBack) {
   EXPECT_EQ(got, 0);
 }
 
+// The library turns Nagle off on an accelerated connection for its own
+// doorbells; the application still reads back what it set (or the default).
+TEST_P(Semantics, TcpNodelayReadsBackTheApplicationsChoice) {
+  for (int i = 0; i < 10; ++i) {
+    ASSERT_TRUE(write_string(pair_.client, "p"));
+    ASSERT_EQ(read_string(pair_.server, 1), "p");
+    ASSERT_TRUE(write_string(pair_.server, "q"));
+    ASSERT_EQ(read_string(pair_.client, 1), "q");
+  }
+  for (int fd : {pair_.client, pair_.server}) {
+    int got = 1;
+    socklen_t length = sizeof got;
+    ASSERT_EQ(io().getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &got, &length), 0);
+    EXPECT_EQ(got, 0);
+    EXPECT_EQ(length, sizeof got);
+  }
+}
+
 TEST_P(Semantics, RefusedConnectReportsEconnrefused) {
   // A port that is bound but not listening: connecting to it is refused.
   int closed = ::socket(AF_INET, SOCK_STREAM, 0);
