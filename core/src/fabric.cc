@@ -245,11 +245,7 @@ status fabric_endpoint::inject_write(fi_addr_t peer, const void* source, std::si
         [&] { return fi_inject_write(ep_, source, length, peer, remote_address, key); },
         peer_alive);
   auto o = std::make_shared<op>();
-  o->parts.store(1, std::memory_order_relaxed);
-  {
-    std::lock_guard lock(mutex_);
-    in_flight_.emplace(o.get(), o);
-  }
+  begin(o);  // its one part is the post itself: the completion finishes it
   iovec iov{const_cast<void*>(source), length};
   fi_rma_iov rma{remote_address, length, key};
   fi_msg_rma msg{};
@@ -261,10 +257,7 @@ status fabric_endpoint::inject_write(fi_addr_t peer, const void* source, std::si
   msg.context = o.get();
   status s = post_retrying([&] { return fi_writemsg(ep_, &msg, FI_INJECT | FI_COMPLETION); },
                            peer_alive);
-  if (!s) {
-    std::lock_guard lock(mutex_);
-    complete(o.get(), s.error());
-  }
+  if (!s) finish_posting(o, s.error());  // nothing was posted: no completion will come
   return s;
 }
 

@@ -138,18 +138,15 @@ class channel::impl {
   bool at_end();
   bool gone();
 
-  status put(std::size_t offset, std::uint64_t value) {
-    return ctx.send(peer, offset, &value, sizeof value);
+  status put(std::size_t offset, std::uint64_t value, core::send_options how = {}) {
+    return ctx.send(peer, offset, &value, sizeof value, how);
   }
   // Tells the peer how far our stream reached. Returns once everything sent
   // so far has left this process: bytes a writer saw accepted then reach the
   // peer even if the writer exits or is killed at once, as with a kernel
   // socket (on the fabric path they could otherwise still sit in libfabric).
   status publish_produced() {
-    core::send_options o;
-    o.transmit_complete = true;
-    std::uint64_t value = stream_sent;
-    return ctx.send(peer, offsetof(area_header, produced), &value, sizeof value, o);
+    return put(offsetof(area_header, produced), stream_sent, {.transmit_complete = true});
   }
   result<std::uint64_t> get(std::size_t offset) {
     std::uint64_t v = 0;
