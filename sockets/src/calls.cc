@@ -300,8 +300,7 @@ int setsockopt(int fd, int level, int name, const void* value, socklen_t length)
   if (r == 0 && level == IPPROTO_TCP && name == TCP_NODELAY && length >= sizeof(int)) {
     if (stream_ptr s = find(fd)) {
       s->app_nodelay.store(*static_cast<const int*>(value) != 0);
-      int on = 1;  // a switched connection's TCP bytes are doorbells: no Nagle
-      if (s->out_switched.load()) (void)::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
+      if (s->out_switched.load()) nagle_off_for_doorbells(*s);
     }
   }
   if (r == 0 && level == SOL_SOCKET && (name == SO_RCVTIMEO || name == SO_SNDTIMEO)) {

@@ -187,6 +187,11 @@ void sleep_on_doorbell(stream& s, const std::function<bool()>& arm, int timeout_
   });
 }
 
+void nagle_off_for_doorbells(stream& s) {
+  int on = 1;
+  (void)::setsockopt(s.fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
+}
+
 void ring_doorbell(stream& s) {
   if (s.out_reverted.load()) return;  // TCP carries our application bytes again
   unsigned char b = wire::doorbell_byte;
@@ -311,10 +316,7 @@ void place_hello_locked(stream& s) {
     return;
   }
   s.out_switched.store(true);
-  // From now on our TCP bytes are doorbells: Nagle would hold one back until
-  // the previous one is acknowledged, and a sleeping peer would wait for it.
-  int on = 1;
-  (void)::setsockopt(s.fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
+  nagle_off_for_doorbells(s);
   ring_doorbell(s);  // a reader asleep on TCP must learn of the switch
   log(3, "fd %d: writes switched to %s after %llu TCP bytes", s.fd.load(), s.chan->path().c_str(),
       static_cast<unsigned long long>(s.tcp_out));

@@ -146,6 +146,10 @@ void advance_upgrade(stream& s);     // places it unless a writer is busy (it wi
 void place_hello_locked(stream& s);  // with write_mutex held
 bool learn_peer_raw(stream& s);      // true once the peer's N is known
 void ring_doorbell(stream& s);
+// Once our writes switched, our TCP bytes are doorbells: Nagle would hold
+// one back until the previous one is acknowledged, and a sleeping peer would
+// wait for it. Turns it off whatever the application set (see app_nodelay).
+void nagle_off_for_doorbells(stream& s);
 void sleep_on_doorbell(stream& s, const std::function<bool()>& arm, int timeout_ms);
 void discard_protocol_bytes(stream& s);  // before close: FIN, not reset
 
