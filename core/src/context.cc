@@ -200,6 +200,22 @@ status context::send(import_handle to, std::uint64_t offset, const void* source,
   return impl_->wait_op(**o, clock::time_point::max());
 }
 
+status context::send(import_handle to, std::span<const send_piece> pieces,
+                     send_options options) {
+  auto copied = impl_->send_gathered(to, pieces, options);
+  if (!copied) return copied.error();
+  if (*copied) return {};
+  // Fabric path: consecutive sends to one peer land in order.
+  for (std::size_t i = 0; i < pieces.size(); ++i) {
+    const bool last = i + 1 == pieces.size();
+    send_options o = options;
+    o.notify = options.notify && last;
+    o.transmit_complete = options.transmit_complete && last;  // covers the earlier ones
+    if (status s = send(to, pieces[i].offset, pieces[i].source, pieces[i].length, o); !s) return s;
+  }
+  return {};
+}
+
 status context::fetch(import_handle from, std::uint64_t offset, void* destination,
                       std::size_t length) {
   auto o = impl_->start_transfer(from, offset, destination, length, false, {}, nullptr);

@@ -174,6 +174,9 @@ struct mapping {
   static result<std::unique_ptr<mapping>> map(int fd, std::uint64_t offset, std::uint64_t length,
                                               bool writable);
   std::byte* data() const { return base + delta; }
+  // Swaps the peer's pages for private anonymous ones, in place: a copy still
+  // running through a sender lands there, never in memory the peer reuses.
+  void retire();
 };
 
 // Notification records travelling from one importer to one exporter on the
@@ -429,7 +432,8 @@ struct import_entry {
   // Data operations hold it shared; revocation takes it exclusively, so once
   // revoked no mapped copy is running and none will start.
   std::shared_mutex state_mutex;
-  bool revoked = false;
+  std::atomic<bool> revoked{false};  // set under state_mutex; senders read it without
+  std::atomic<bool> released{false};  // unimported
   bool ack_owed = false;  // revoke ack to send once in_flight drains
   std::atomic<int> in_flight{0};
 };
@@ -501,6 +505,10 @@ class context::impl {
                                                      void* buffer, std::size_t length,
                                                      bool is_send, send_options options,
                                                      void* user_context);
+  // Checks every piece; then, on the mapped path, copies them all (true).
+  // False: the checks passed and the caller sends piece by piece.
+  result<bool> send_gathered(import_handle handle, std::span<const send_piece> pieces,
+                             send_options options);
   status wait_op(detail::op& o, detail::clock::time_point deadline);
   status post_record(const import_ptr& imp, const std::shared_ptr<detail::op>& o,
                      const detail::wire::record_header& h, const void* payload);

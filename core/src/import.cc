@@ -178,6 +178,11 @@ status context::impl::unimport_buffer(import_handle handle) {
     imp = std::move(it->second);
     imports.erase(it);
   }
+  {
+    std::unique_lock state(imp->state_mutex);  // waits out running locked copies
+    imp->released = true;
+    if (imp->map) imp->map->retire();  // and cuts off a sender's
+  }
   if (imp->peer->alive) {
     wire::unimport_body body{imp->export_id, 0};
     (void)imp->peer->conn->write_frame(wire::frame_type::unimport, &body, sizeof body);
@@ -193,8 +198,9 @@ void context::impl::handle_revoke(const peer_ptr& peer, const frame& f) {
     std::shared_lock lock(imports_mutex);
     for (auto& [id, imp] : imports) {
       if (imp->peer != peer || imp->export_id != body.export_id) continue;
-      std::unique_lock state(imp->state_mutex);  // waits out running mapped copies
+      std::unique_lock state(imp->state_mutex);  // waits out running locked copies
       imp->revoked = true;
+      if (imp->map) imp->map->retire();  // a sender's copy cannot reach the memory now
       if (imp->in_flight.load() > 0) {
         imp->ack_owed = true;  // the control loop acknowledges once they drain
         acks_owed.fetch_add(1);

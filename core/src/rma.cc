@@ -33,7 +33,91 @@ status push_notification(remote_peer& peer, const notify_record& record) {
   }
   return {};
 }
+
+// The checks every transfer passes before anything is posted.
+std::error_code check_range(const import_entry& imp, std::uint64_t offset, const void* buffer,
+                            std::size_t length, bool is_send) {
+  if (!buffer && length) return errc::invalid_argument;
+  if (offset > imp.length || length > imp.length - offset) return errc::out_of_range;
+  if (!has_right(imp.allowed, is_send ? rights::write : rights::read))
+    return errc::permission_denied;
+  if (!imp.peer->alive.load(std::memory_order_acquire)) return errc::peer_gone;
+  return {};
+}
+
+// A gathered send counts as one send per piece, as on the fabric path.
+void count_send(context::impl::atomic_counters& count, std::size_t length, bool notify,
+                std::size_t pieces = 1) {
+  count.sends.fetch_add(pieces, std::memory_order_relaxed);
+  count.bytes_sent.fetch_add(length, std::memory_order_relaxed);
+  if (notify) count.notifications_sent.fetch_add(1, std::memory_order_relaxed);
+}
 }  // namespace
+
+result<bool> context::impl::send_gathered(import_handle handle,
+                                          std::span<const send_piece> pieces,
+                                          send_options options) {
+  import_ptr imp = find_import(handle);
+  if (!imp) return errc::unknown_handle;
+  for (const send_piece& p : pieces)
+    if (auto e = check_range(*imp, p.offset, p.source, p.length, true)) return e;
+  if (!imp->map || pieces.empty()) return false;
+  std::shared_lock state(imp->state_mutex);
+  if (imp->revoked) return errc::unknown_handle;
+  // Counted before the copies: a locked add after them would wait for the
+  // copies' cache lines to arrive.
+  std::size_t bytes = 0;
+  for (const send_piece& p : pieces) bytes += p.length;
+  count_send(count, bytes, options.notify, pieces.size());
+  for (const send_piece& p : pieces)
+    if (p.length) std::memcpy(imp->map->data() + p.offset, p.source, p.length);
+  if (options.notify) {
+    const send_piece& last = pieces.back();
+    notify_record rec{imp->export_id, 0, last.offset, last.length, options.value};
+    if (auto s = push_notification(*imp->peer, rec); !s) return s.error();
+  }
+  return true;
+}
+
+// ------------------------------------------------------------------ sender
+
+result<sender> context::bind(import_handle to) {
+  auto imp = impl_->find_import(to);
+  if (!imp) return errc::unknown_handle;
+  sender s;
+  s.owner_ = this;
+  s.handle_ = to;
+  s.import_ = std::move(imp);
+  return s;
+}
+
+status sender::send(std::uint64_t offset, const void* source, std::size_t length,
+                    send_options options) {
+  const send_piece piece{offset, source, length};
+  return send(std::span(&piece, 1), options);
+}
+
+status sender::send(std::span<const send_piece> pieces, send_options options) {
+  if (!import_) return errc::unknown_handle;
+  const import_entry& imp = *import_;
+  if (imp.released.load(std::memory_order_acquire) ||
+      imp.revoked.load(std::memory_order_acquire))
+    return errc::unknown_handle;
+  // Notifications and the fabric path take the general route.
+  if (!imp.map || options.notify) return owner_->send(handle_, pieces, options);
+  std::size_t bytes = 0;
+  for (const send_piece& p : pieces) {
+    if (auto e = check_range(imp, p.offset, p.source, p.length, true)) return e;
+    bytes += p.length;
+  }
+  // No lock: a release or revocation swaps the mapped pages for private ones
+  // (mapping::retire) before it completes, so a copy racing with it is lost,
+  // never misplaced. Counted before the copies (see send_gathered).
+  count_send(owner_->impl_->count, bytes, false, pieces.size());
+  for (const send_piece& p : pieces)
+    if (p.length) std::memcpy(imp.map->data() + p.offset, p.source, p.length);
+  return {};
+}
 
 result<std::shared_ptr<op>> context::impl::start_transfer(import_handle handle,
                                                           std::uint64_t offset, void* buffer,
@@ -42,18 +126,12 @@ result<std::shared_ptr<op>> context::impl::start_transfer(import_handle handle,
                                                           void* user_context) {
   import_ptr imp = find_import(handle);
   if (!imp) return errc::unknown_handle;
-  if (!buffer && length) return errc::invalid_argument;
-  if (offset > imp->length || length > imp->length - offset) return errc::out_of_range;
-  if (!has_right(imp->allowed, is_send ? rights::write : rights::read))
-    return errc::permission_denied;
-  if (!imp->peer->alive.load(std::memory_order_acquire)) return errc::peer_gone;
+  if (auto e = check_range(*imp, offset, buffer, length, is_send)) return e;
 
   std::shared_lock state(imp->state_mutex);
   if (imp->revoked) return errc::unknown_handle;
   if (is_send) {
-    count.sends.fetch_add(1, std::memory_order_relaxed);
-    count.bytes_sent.fetch_add(length, std::memory_order_relaxed);
-    if (options.notify) count.notifications_sent.fetch_add(1, std::memory_order_relaxed);
+    count_send(count, length, options.notify);
   } else {
     count.fetches.fetch_add(1, std::memory_order_relaxed);
     count.bytes_fetched.fetch_add(length, std::memory_order_relaxed);

@@ -40,6 +40,18 @@ mapping::~mapping() {
   if (base) ::munmap(base, size);
 }
 
+void mapping::retire() {
+  if (!base) return;
+  // MAP_FIXED replaces the range atomically for every thread of the process.
+  void* p = ::mmap(base, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED,
+                   -1, 0);
+  if (p == MAP_FAILED) {
+    // Cannot swap (no memory for page tables): make the range inaccessible
+    // rather than leave the peer's pages writable.
+    (void)::mprotect(base, size, PROT_NONE);
+  }
+}
+
 result<std::unique_ptr<mapping>> mapping::map(int fd, std::uint64_t offset, std::uint64_t length,
                                               bool writable) {
   // The fd's size bounds what the peer may claim: never map past its end.

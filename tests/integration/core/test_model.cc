@@ -44,6 +44,19 @@ class Model : public testing::TestWithParam<transport> {
     ASSERT_EQ(seen.load(), target);
   }
 
+  // Polls an 8-byte word of exported memory until it is no longer 0 (5 s).
+  std::uint64_t await_word(const std::byte* at) {
+    std::uint64_t v = 0;
+    auto deadline = std::chrono::steady_clock::now() + 5s;
+    while (std::chrono::steady_clock::now() < deadline) {
+      v = std::atomic_ref<const std::uint64_t>(*reinterpret_cast<const std::uint64_t*>(at)).load();
+      if (v) break;
+      importer().progress();
+      exporter().progress();
+    }
+    return v;
+  }
+
   std::optional<core::context> exporter_, importer_;
 };
 
@@ -339,6 +352,85 @@ TEST_P(Model, UnexportRevokesImports) {
   for (std::size_t i = 0; i < region.size(); ++i) ASSERT_EQ(region.data()[i], std::byte{0}) << i;
   // The name is free again.
   EXPECT_TRUE(exporter().export_buffer("revoked", region.data(), region.size()));
+}
+
+TEST_P(Model, GatheredSendsLandInOrderOrNotAtAll) {
+  guarded_region region(exporter(), 8192, GetParam().mappable);
+  auto h = export_and_import(region, "gathered");
+  auto a = pattern(100, 1), b = pattern(3000, 2);
+  const std::uint64_t flag = 0x1122334455667788;
+  const core::send_piece pieces[] = {{16, a.data(), a.size()}, {4096, b.data(), b.size()},
+                                     {0, &flag, sizeof flag}};
+  ASSERT_TRUE(importer().send(h, pieces).ok());
+  // The flag lands last: once it is seen, the pieces before it are there.
+  EXPECT_EQ(await_word(region.data()), flag);
+  EXPECT_EQ(std::memcmp(region.data() + 16, a.data(), a.size()), 0);
+  EXPECT_EQ(std::memcmp(region.data() + 4096, b.data(), b.size()), 0);
+
+  // One bad piece: nothing of the call is written.
+  std::memset(region.data(), 0, region.size());
+  const core::send_piece bad[] = {{0, a.data(), a.size()}, {8190, b.data(), 8}};
+  EXPECT_TRUE(importer().send(h, bad).is(errc::out_of_range));
+  auto sender = importer().bind(h);
+  ASSERT_TRUE(sender);
+  EXPECT_TRUE(sender->send(bad).is(errc::out_of_range));
+  std::this_thread::sleep_for(20ms);  // a wrongly posted fabric write would have landed
+  for (std::size_t i = 0; i < region.size(); ++i) ASSERT_EQ(region.data()[i], std::byte{0}) << i;
+  EXPECT_TRUE(region.guards_intact());
+}
+
+TEST_P(Model, SenderSendsUntilTheImportIsReleased) {
+  guarded_region region(exporter(), 4096, GetParam().mappable);
+  auto h = export_and_import(region, "bound");
+  EXPECT_TRUE(importer().bind(core::import_handle{987654}).is(errc::unknown_handle));
+  auto sender = importer().bind(h);
+  ASSERT_TRUE(sender);
+  const auto before = importer().stats().sends;
+  auto a = pattern(64, 3);
+  const std::uint64_t flag = 7;
+  const core::send_piece pieces[] = {{8, a.data(), a.size()}, {0, &flag, sizeof flag}};
+  ASSERT_TRUE(sender->send(pieces).ok());
+  ASSERT_TRUE(sender->send(4000, a.data(), 8).ok());
+  EXPECT_EQ(importer().stats().sends, before + 3);
+  EXPECT_EQ(await_word(region.data()), flag);
+  EXPECT_EQ(std::memcmp(region.data() + 8, a.data(), a.size()), 0);
+  EXPECT_TRUE(sender->send(4090, a.data(), 8).is(errc::out_of_range));
+  ASSERT_TRUE(importer().unimport_buffer(h).ok());
+  EXPECT_TRUE(sender->send(0, a.data(), 8).is(errc::unknown_handle));
+  EXPECT_TRUE(core::sender{}.send(0, a.data(), 8).is(errc::unknown_handle));
+}
+
+// A sender takes no lock on the mapped path: revocation must still leave the
+// exporter's reused memory untouched.
+TEST_P(Model, UnexportRevokesSenders) {
+  guarded_region region(exporter(), 1 << 20, GetParam().mappable);
+  auto e = exporter().export_buffer("revoked-sender", region.data(), region.size());
+  ASSERT_TRUE(e);
+  auto h = importer().import_buffer(exporter().address(), "revoked-sender");
+  ASSERT_TRUE(h);
+  auto sender = importer().bind(*h);
+  ASSERT_TRUE(sender);
+  std::atomic<bool> stop{false};
+  std::atomic<int> refused{0};
+  std::thread writer([&] {
+    std::vector<std::byte> chunk(1 << 16, std::byte{0x77});
+    while (!stop) {
+      auto s = sender->send(0, chunk.data(), chunk.size());
+      if (!s) {
+        EXPECT_TRUE(s.is(errc::unknown_handle)) << s.error().message();
+        ++refused;
+        break;
+      }
+    }
+  });
+  std::this_thread::sleep_for(50ms);
+  ASSERT_TRUE(exporter().unexport_buffer(*e).ok());
+  std::memset(region.data(), 0, region.size());  // the exporter reuses its memory
+  std::this_thread::sleep_for(100ms);
+  stop = true;
+  writer.join();
+  EXPECT_EQ(refused.load(), 1);
+  for (std::size_t i = 0; i < region.size(); ++i) ASSERT_EQ(region.data()[i], std::byte{0}) << i;
 }
 
 TEST_P(Model, ExporterGoneIsReportedOnEveryOperation) {

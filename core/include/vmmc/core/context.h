@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -101,6 +102,13 @@ struct send_options {
   bool transmit_complete = false;
 };
 
+// One piece of a gathered send: `length` bytes from `source` to `offset`.
+struct send_piece {
+  std::uint64_t offset;
+  const void* source;
+  std::size_t length;
+};
+
 // What an asynchronous operation reports when it finishes.
 struct completion {
   void* user_context;     // as passed to send_async / fetch_async
@@ -142,6 +150,32 @@ struct counters {
   std::uint64_t bytes_sent, bytes_fetched;
   std::uint64_t utlb_lookups, utlb_hits, utlb_misses, utlb_registrations, utlb_evictions;
   std::uint64_t utlb_bytes_registered;
+};
+
+class context;
+namespace detail {
+struct import_entry;
+}
+
+// A send path bound to one import, for code that sends to it in a loop: the
+// handle is looked up once, and on the mapped path a send takes no lock (a
+// locked instruction right after a copy into another process's memory would
+// wait for those cache lines to arrive). Same checks and errors as
+// context::send; once the import is released or revoked every send fails
+// with unknown_handle. Use from one thread at a time, and not after the
+// context is destroyed.
+class sender {
+ public:
+  sender() = default;
+  status send(std::uint64_t offset, const void* source, std::size_t length,
+              send_options options = {});
+  status send(std::span<const send_piece> pieces, send_options options = {});
+
+ private:
+  friend class context;
+  context* owner_ = nullptr;
+  import_handle handle_{};
+  std::shared_ptr<detail::import_entry> import_;
 };
 
 class context {
@@ -195,6 +229,14 @@ class context {
   // after the copy (the peer died) is reported by the operations that follow.
   status send(import_handle to, std::uint64_t offset, const void* source, std::size_t length,
               send_options options = {});
+  // Gathered send: the pieces land in order, as consecutive sends would, and
+  // none is sent unless every one passes the checks. On the mapped path they
+  // are copied back to back, so a flag word in the last piece becomes visible
+  // right behind the data it announces. A notification (options.notify)
+  // comes with the last piece.
+  status send(import_handle to, std::span<const send_piece> pieces, send_options options = {});
+  // A sender for `to` (see class sender). Errors: unknown_handle.
+  result<sender> bind(import_handle to);
   // fetch: returns when `destination` holds the bytes.
   status fetch(import_handle from, std::uint64_t offset, void* destination, std::size_t length);
 
@@ -237,6 +279,7 @@ class context {
   class impl;
 
  private:
+  friend class sender;
   explicit context(std::unique_ptr<impl> p);
   std::unique_ptr<impl> impl_;
 };
