@@ -117,12 +117,23 @@ bool runtime::start() {
 
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
-  std::string blob = std::string(host) + " " + std::to_string(::getpid());
+  // "<host> <pid> <context address> <channel descriptor or -> x N <mailbox or -> x N"
+  std::string blob =
+      std::string(host) + " " + std::to_string(::getpid()) + " " + context_->address();
+  std::string mailboxes;
   for (long j = 0; j < nodes_; ++j) {
     if (j == node_) {
       blob += " -";
+      mailboxes += " -";
       continue;
     }
+    auto mail = std::make_unique<mailbox>(*context_);
+    if (status s = mail->create(); !s) {
+      std::fprintf(stderr, "nx: mailbox: %s\n", s.error().message().c_str());
+      return false;
+    }
+    mailboxes += " " + mail->name();
+    peers_[static_cast<std::size_t>(j)].mail = std::move(mail);
     redirect::channel_options o;
     o.ring_doorbell = [this, j] { bell_->ring(j); };
     auto ch = redirect::channel::create(*context_, o);
@@ -133,6 +144,7 @@ bool runtime::start() {
     blob += " " + ch->descriptor();
     peers_[static_cast<std::size_t>(j)].channel.emplace(std::move(*ch));
   }
+  blob += mailboxes;
   std::vector<std::string> all = boot_->all_gather(blob);
   if (all.size() != peers_.size()) return false;
 
@@ -142,13 +154,24 @@ bool runtime::start() {
     for (long j = 0; j < nodes_; ++j) {
       if (j == node_) continue;
       std::istringstream in(all[static_cast<std::size_t>(j)]);
-      std::string their_host, descriptor;
+      std::string their_host, address, descriptor, mailbox_name;
       long pid = 0;
-      in >> their_host >> pid;
-      for (long k = 0; k <= node_; ++k) in >> descriptor;
+      in >> their_host >> pid >> address;
+      for (long k = 0; k < nodes_; ++k) in >> (k == node_ ? descriptor : mailbox_name);
+      for (long k = 0; k <= node_; ++k) in >> mailbox_name;
+      if (!in) {
+        std::fprintf(stderr, "nx: node %ld sent a malformed start-up record\n", j);
+        return false;
+      }
       peer& p = peers_[static_cast<std::size_t>(j)];
       p.remote = their_host != host;
       p.pid = static_cast<pid_t>(pid);
+      if (pass == 1) {
+        if (status s = p.mail->attach(address, mailbox_name); !s) {
+          std::fprintf(stderr, "nx: mailbox of node %ld: %s\n", j, s.error().message().c_str());
+          return false;
+        }
+      }
       if (pass == 0 && node_ < j) {
         if (status s = p.channel->connect(descriptor, ""); !s) {
           std::fprintf(stderr, "nx: connect to node %ld: %s\n", j, s.error().message().c_str());
@@ -287,20 +310,7 @@ int runtime::send(space where, long type, const void* data, long count, long nod
       deliver_local(where, type, bytes, length);
       continue;
     }
-    peer& p = peers_[static_cast<std::size_t>(j)];
-    if (!r && p.queue.empty()) {
-      // Blocking with nothing queued ahead: write now, queue only the rest.
-      outgoing o{nullptr, header, bytes, length, 0};
-      if (int e = write_some(p, o)) return e;
-      if (o.sent == header_bytes + length) continue;
-      p.queue.push_back(o);
-      ++queued;
-      continue;
-    }
-    p.queue.push_back({r, header, bytes, length, 0});
-    ++queued;
-    if (r) ++r->sends_left;
-    if (int e = push(p)) return e;
+    if (int e = send_to(j, header, bytes, length, r, queued)) return e;
   }
   if (r) {
     if (r->sends_left == 0) r->done = true;
@@ -315,6 +325,42 @@ int runtime::send(space where, long type, const void* data, long count, long nod
         if (!o.owner) return false;
     return true;
   });
+}
+
+// One message toward node j: into its mailbox when small and a slot is free
+// (done at once), else onto the stream, written now when nothing is queued
+// ahead of it and a blocking sender waits.
+int runtime::send_to(long j, wire::header header, const std::byte* data, std::size_t length,
+                     request* r, long& queued) {
+  peer& p = peers_[static_cast<std::size_t>(j)];
+  header.sequence = p.next_sequence++;
+  if (length <= wire::mailbox_payload_max && !p.closed) {
+    result<bool> placed = p.mail->try_send(header, data);
+    if (placed && *placed) {
+      if (p.mail->peer_wants_wakeup()) bell_->ring(j);
+      return 0;
+    }
+    if (!placed) {
+      if (p.channel->peer_closed()) {
+        p.closed = true;  // the peer ended in order: nobody will read it
+        return 0;
+      }
+      failed_node_ = j;
+      return failure_ = placed.is(errc::peer_gone) ? EQNODEGONE : EQFAIL;
+    }
+  }
+  if (!r && p.queue.empty()) {
+    outgoing o{nullptr, header, data, length, 0};
+    if (int e = write_some(p, o)) return e;
+    if (o.sent == header_bytes + length) return 0;
+    p.queue.push_back(o);
+    ++queued;
+    return 0;
+  }
+  p.queue.push_back({r, header, data, length, 0});
+  ++queued;
+  if (r) ++r->sends_left;
+  return push(p);
 }
 
 int runtime::push(peer& p) {
@@ -412,11 +458,13 @@ void runtime::bind(peer& p, request* r, std::size_t already) {
 }
 
 void runtime::progress() {
+  completed_ = false;
   for (long j = 0; j < nodes_; ++j) {
     if (j == node_) continue;
     peer& p = peers_[static_cast<std::size_t>(j)];
     if (!p.queue.empty()) (void)push(p);
     drain(j);
+    if (completed_) return;  // a waiter may be satisfied: let it look first
   }
 }
 
@@ -424,20 +472,28 @@ void runtime::drain(long from) {
   peer& p = peers_[static_cast<std::size_t>(from)];
   redirect::channel& ch = *p.channel;
   for (;;) {
+    if (completed_) return;
     if (!p.in_body) {
-      std::size_t ready = ch.readable();
-      if (ready == 0) return;
-      if (p.header_got == 0 && ready > header_bytes && take_whole(from, ready)) continue;
-      p.header_got += ch.read(p.header + p.header_got, header_bytes - p.header_got);
-      if (p.header_got < header_bytes) return;
+      // The next message is in the mailbox or at the head of the stream:
+      // whichever holds the sequence number we expect.
+      if (take_mail(from)) continue;
+      if (failure_) return;
+      if (p.header_got < header_bytes) {
+        std::size_t ready = ch.readable();
+        if (ready == 0) return;
+        if (p.header_got == 0 && ready > header_bytes && take_whole(from, ready)) continue;
+        p.header_got += ch.read(p.header + p.header_got, header_bytes - p.header_got);
+        if (p.header_got < header_bytes) return;
+      }
       wire::header h;
       std::memcpy(&h, p.header, header_bytes);
-      p.header_got = 0;
       if (!wire::valid(h)) {
         failed_node_ = from;
         failure_ = EQFAIL;
         return;
       }
+      if (h.sequence != p.expected) return;  // a mailbox message comes first
+      p.header_got = 0;
       begin_message(from, h);
       continue;
     }
@@ -475,7 +531,8 @@ bool runtime::take_whole(long from, std::size_t ready) {
   wire::header h;
   p.channel->read(&h, header_bytes, false);
   const std::size_t total = header_bytes + static_cast<std::size_t>(h.length);
-  if (!wire::valid(h) || total > gather_max || total > ready) return false;
+  if (!wire::valid(h) || total > gather_max || total > ready || h.sequence != p.expected)
+    return false;
   std::byte staging[gather_max];
   p.channel->read(staging, total);
   begin_message(from, h);
@@ -486,8 +543,30 @@ bool runtime::take_whole(long from, std::size_t ready) {
   return true;
 }
 
+// The next message when it waits in the mailbox: delivered whole, as
+// take_whole() does for the stream.
+bool runtime::take_mail(long from) {
+  peer& p = peers_[static_cast<std::size_t>(from)];
+  const wire::mailbox_slot* slot = p.mail->next();
+  if (!slot || slot->h.sequence != p.expected) return false;
+  const wire::header h = slot->h;
+  if (!wire::valid(h) || static_cast<std::uint64_t>(h.length) > wire::mailbox_payload_max) {
+    failed_node_ = from;
+    failure_ = EQFAIL;
+    return false;
+  }
+  begin_message(from, h);
+  if (p.destination_left) std::memcpy(p.destination, slot->payload, p.destination_left);
+  if (p.pending) p.pending->received = p.body_left;
+  p.body_left = 0;
+  p.mail->consume();
+  finish_message(p);
+  return true;
+}
+
 void runtime::begin_message(long from, const wire::header& h) {
   peer& p = peers_[static_cast<std::size_t>(from)];
+  ++p.expected;
   p.in_body = true;
   p.where = static_cast<space>(h.space);
   p.current = {static_cast<long>(h.type), static_cast<long>(h.length), from,
@@ -524,6 +603,7 @@ void runtime::finish_message(peer& p) {
 }
 
 void runtime::complete_receive(request* r, const info& m, space) {
+  completed_ = true;
   r->got = m;
   r->error = static_cast<std::size_t>(m.count) > r->capacity ? EQMSGLONG : 0;
   r->done = true;
@@ -613,6 +693,7 @@ void runtime::sleep_a_little() {
     peer& p = peers_[static_cast<std::size_t>(j)];
     if (p.remote) timeout_ms = 1;
     if (p.closed || p.channel->peer_closed()) continue;
+    if (!p.mail->prepare_sleep()) return;
     if (!p.channel->prepare_sleep(redirect::sleep_reason::data)) return;
     if (!p.queue.empty() && !p.channel->prepare_sleep(redirect::sleep_reason::space)) return;
   }

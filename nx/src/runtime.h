@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "bootstrap.h"
+#include "mailbox.h"
 #include "nx.h"
 #include "vmmc/core/context.h"
 #include "vmmc/redirect/channel.h"
@@ -125,6 +126,9 @@ class runtime {
   };
   struct peer {
     std::optional<redirect::channel> channel;
+    std::unique_ptr<mailbox> mail;     // small messages, both ways
+    std::uint32_t next_sequence = 0;   // of our next message to this peer
+    std::uint32_t expected = 0;        // sequence of its next message to us
     bool remote = false;  // other host: doorbells do not reach it
     bool closed = false;  // ended its stream (orderly exit)
     pid_t pid = 0;
@@ -153,6 +157,9 @@ class runtime {
   int write_some(peer& p, outgoing& o);
   void drain(long from);
   bool take_whole(long from, std::size_t ready);
+  bool take_mail(long from);
+  int send_to(long j, wire::header header, const std::byte* data, std::size_t length,
+              request* r, long& queued);
   void begin_message(long from, const wire::header& h);
   void bind(peer& p, request* r, std::size_t already);
   void finish_message(peer& p);
@@ -177,6 +184,7 @@ class runtime {
   long next_mid_ = 0;
   long collectives_ = 0;
   bool masked_ = false, in_handler_ = false, dying_ = false;
+  bool completed_ = false;  // progress() completed a posted receive
   int failure_ = 0;
   long failed_node_ = -1;
   std::chrono::microseconds spin_{0};

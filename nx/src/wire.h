@@ -1,29 +1,32 @@
-// nx/src/wire.h: the nx message framing on a redirect channel, version 1.
+// nx/src/wire.h: the nx message framing, version 2.
 //
-// Each pair of nodes shares one redirect::channel (a byte stream each way).
-// A message is a 32-byte header followed by `length` payload bytes; headers
-// and payloads follow each other in send order, which gives NX's pairwise
-// FIFO ordering. All fields are little-endian (both ends run this code).
+// Each pair of nodes shares one redirect::channel (a byte stream each way)
+// and one mailbox each way (below). A message is a 32-byte header followed
+// by `length` payload bytes. Every message toward a peer takes the next
+// sequence number of that pair, whichever path carries it; the reader takes
+// them in that order, which gives NX's pairwise FIFO ordering. All fields
+// are little-endian (both ends run this code).
 //
 //   offset  size  field
-//   0       4     magic: 'N','X', version (1), space (1 user, 2 internal)
-//   4       4     reserved, 0
+//   0       4     magic: 'N','X', version (2), space (1 user, 2 internal)
+//   4       4     sequence (uint32, counts up from 0 per ordered pair, wraps)
 //   8       8     type   (int64; user types 0..2^31-1, bit 30 = FORCE)
 //   16      8     length (int64, payload bytes)
 //   24      8     ptype  (int64, the sender's process type)
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace vmmc::nx::detail::wire {
 
-inline constexpr std::uint8_t version = 1;
+inline constexpr std::uint8_t version = 2;
 
 struct header {
   std::uint8_t magic[2];
   std::uint8_t version;
   std::uint8_t space;
-  std::uint32_t reserved;
+  std::uint32_t sequence;
   std::int64_t type;
   std::int64_t length;
   std::int64_t ptype;
@@ -31,11 +34,39 @@ struct header {
 static_assert(sizeof(header) == 32);
 
 inline header make_header(std::uint8_t space, long type, long length, long ptype) {
-  return {{'N', 'X'}, version, space, 0, type, length, ptype};
+  return {{'N', 'X'}, version, space, 0, type, length, ptype};  // sequence: set per peer
 }
 inline bool valid(const header& h) {
   return h.magic[0] == 'N' && h.magic[1] == 'X' && h.version == version && h.length >= 0 &&
          (h.space == 1 || h.space == 2);
 }
+
+// ---------------------------------------------------------------- mailbox
+// A node's area for one peer (see mailbox.h). The peer writes a message into
+// slot n % mailbox_slots, then (ordered after it) the slot's stamp n + 1; the
+// owner polls the stamp of the slot it expects next.
+inline constexpr std::uint64_t mailbox_magic = 0x3278'6f62'6c69'614dull;  // "Mailbox2"
+inline constexpr std::size_t mailbox_slots = 64;
+inline constexpr std::size_t mailbox_slot_bytes = 128;
+inline constexpr std::size_t mailbox_payload_max =
+    mailbox_slot_bytes - sizeof(std::uint64_t) - sizeof(header);
+
+struct alignas(64) mailbox_slot {
+  std::uint64_t stamp;  // n + 1 once message n is complete here
+  header h;
+  std::byte payload[mailbox_payload_max];
+};
+static_assert(sizeof(mailbox_slot) == mailbox_slot_bytes);
+
+struct alignas(64) mailbox_area {
+  std::uint64_t magic;
+  // Written by the owner O: messages O placed in the peer's slots, counted
+  // before each is written (the peer fetches it before it sleeps).
+  alignas(64) std::uint64_t own_sent;
+  // Written by the peer P.
+  alignas(64) std::uint64_t credit;  // O's messages P consumed
+  std::uint64_t armed;               // epoch: P sleeps until O writes again
+  alignas(64) mailbox_slot slots[mailbox_slots];
+};
 
 }  // namespace vmmc::nx::detail::wire

@@ -193,6 +193,31 @@ void fifo_order() {
   gsync();
 }
 
+void small_messages_overflow_the_mailbox() {
+  // 300 messages sent before any is received: more than the 64 mailbox
+  // slots, with sizes on both sides of the mailbox's 88-byte limit, so they
+  // travel both paths. They must arrive whole and in send order.
+  const long count = 300;
+  auto size_of = [](long i) { return (i * 37) % 200; };
+  if (me == 0) {
+    for (long i = 0; i < count; ++i) {
+      std::vector<char> a = payload(i, size_of(i));
+      csend(60, a.data(), size_of(i), 1, 0);
+    }
+    csend(61, nullptr, 0, 1, 0);
+  } else if (me == 1) {
+    // Not calling into NX for a while lets the sender fill every slot first.
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    crecv(61, nullptr, 0);  // everything before it is in by now
+    std::vector<char> buf(200);
+    for (long i = 0; i < count; ++i) {
+      crecv(60, buf.data(), 200);
+      CHECK(infocount() == size_of(i) && is_payload(buf.data(), i, size_of(i)));
+    }
+  }
+  gsync();
+}
+
 void force_types() {
   const long force = NX_FORCE_TYPE | 60;
   char buf[16] = {};
@@ -539,6 +564,7 @@ int main(int argc, char** argv) {
     asynchronous();
     many_outstanding();
     fifo_order();
+    small_messages_overflow_the_mailbox();
     force_types();
     handlers();
     errors_and_limits();
