@@ -535,16 +535,21 @@ bool runtime::take_whole(long from, std::size_t ready) {
     return false;
   std::byte staging[gather_max];
   p.channel->read(staging, total);
-  begin_message(from, h);
-  if (p.destination_left) std::memcpy(p.destination, staging + header_bytes, p.destination_left);
-  if (p.pending) p.pending->received = p.body_left;
-  p.body_left = 0;
-  finish_message(p);
+  deliver_whole(from, h, staging + header_bytes);
   return true;
 }
 
-// The next message when it waits in the mailbox: delivered whole, as
-// take_whole() does for the stream.
+// A message whose payload is all at hand: matched, copied, completed.
+void runtime::deliver_whole(long from, const wire::header& h, const std::byte* payload) {
+  peer& p = peers_[static_cast<std::size_t>(from)];
+  begin_message(from, h);
+  if (p.destination_left) std::memcpy(p.destination, payload, p.destination_left);
+  if (p.pending) p.pending->received = p.body_left;
+  p.body_left = 0;
+  finish_message(p);
+}
+
+// The next message when it waits in the mailbox.
 bool runtime::take_mail(long from) {
   peer& p = peers_[static_cast<std::size_t>(from)];
   const wire::mailbox_slot* slot = p.mail->next();
@@ -555,12 +560,8 @@ bool runtime::take_mail(long from) {
     failure_ = EQFAIL;
     return false;
   }
-  begin_message(from, h);
-  if (p.destination_left) std::memcpy(p.destination, slot->payload, p.destination_left);
-  if (p.pending) p.pending->received = p.body_left;
-  p.body_left = 0;
-  p.mail->consume();
-  finish_message(p);
+  deliver_whole(from, h, slot->payload);
+  p.mail->consume();  // the slot was copied out
   return true;
 }
 

@@ -158,6 +158,7 @@ class runtime {
   void drain(long from);
   bool take_whole(long from, std::size_t ready);
   bool take_mail(long from);
+  void deliver_whole(long from, const wire::header& h, const std::byte* payload);
   int send_to(long j, wire::header header, const std::byte* data, std::size_t length,
               request* r, long& queued);
   void begin_message(long from, const wire::header& h);

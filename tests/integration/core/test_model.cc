@@ -44,6 +44,34 @@ class Model : public testing::TestWithParam<transport> {
     ASSERT_EQ(seen.load(), target);
   }
 
+  // A thread writes 64 KiB pieces with `send` while the exporter withdraws
+  // `e` and reuses the memory: exactly one send is refused (unknown_handle)
+  // and no byte lands after unexport returned.
+  template <class Send>
+  void expect_unexport_stops_writer(guarded_region& region, core::export_handle e, Send send) {
+    std::atomic<bool> stop{false};
+    std::atomic<int> refused{0};
+    std::thread writer([&] {
+      std::vector<std::byte> chunk(1 << 16, std::byte{0x77});
+      while (!stop) {
+        status s = send(chunk);
+        if (!s) {
+          EXPECT_TRUE(s.is(errc::unknown_handle)) << s.error().message();
+          ++refused;
+          break;
+        }
+      }
+    });
+    std::this_thread::sleep_for(50ms);
+    ASSERT_TRUE(exporter().unexport_buffer(e).ok());
+    std::memset(region.data(), 0, region.size());  // the exporter reuses its memory
+    std::this_thread::sleep_for(100ms);
+    stop = true;
+    writer.join();
+    EXPECT_EQ(refused.load(), 1);
+    for (std::size_t i = 0; i < region.size(); ++i) ASSERT_EQ(region.data()[i], std::byte{0}) << i;
+  }
+
   // Polls an 8-byte word of exported memory until it is no longer 0 (5 s).
   std::uint64_t await_word(const std::byte* at) {
     std::uint64_t v = 0;
@@ -329,27 +357,9 @@ TEST_P(Model, UnexportRevokesImports) {
   ASSERT_TRUE(e);
   auto h = importer().import_buffer(exporter().address(), "revoked");
   ASSERT_TRUE(h);
-  std::atomic<bool> stop{false};
-  std::atomic<int> refused{0};
-  std::thread writer([&] {
-    std::vector<std::byte> chunk(1 << 16, std::byte{0x77});
-    while (!stop) {
-      auto s = importer().send(*h, 0, chunk.data(), chunk.size());
-      if (!s) {
-        EXPECT_TRUE(s.is(errc::unknown_handle)) << s.error().message();
-        ++refused;
-        break;
-      }
-    }
+  expect_unexport_stops_writer(region, *e, [&](const std::vector<std::byte>& chunk) {
+    return importer().send(*h, 0, chunk.data(), chunk.size());
   });
-  std::this_thread::sleep_for(50ms);
-  ASSERT_TRUE(exporter().unexport_buffer(*e).ok());
-  std::memset(region.data(), 0, region.size());  // the exporter reuses its memory
-  std::this_thread::sleep_for(100ms);
-  stop = true;
-  writer.join();
-  EXPECT_EQ(refused.load(), 1);
-  for (std::size_t i = 0; i < region.size(); ++i) ASSERT_EQ(region.data()[i], std::byte{0}) << i;
   // The name is free again.
   EXPECT_TRUE(exporter().export_buffer("revoked", region.data(), region.size()));
 }
@@ -410,27 +420,9 @@ TEST_P(Model, UnexportRevokesSenders) {
   ASSERT_TRUE(h);
   auto sender = importer().bind(*h);
   ASSERT_TRUE(sender);
-  std::atomic<bool> stop{false};
-  std::atomic<int> refused{0};
-  std::thread writer([&] {
-    std::vector<std::byte> chunk(1 << 16, std::byte{0x77});
-    while (!stop) {
-      auto s = sender->send(0, chunk.data(), chunk.size());
-      if (!s) {
-        EXPECT_TRUE(s.is(errc::unknown_handle)) << s.error().message();
-        ++refused;
-        break;
-      }
-    }
+  expect_unexport_stops_writer(region, *e, [&](const std::vector<std::byte>& chunk) {
+    return sender->send(0, chunk.data(), chunk.size());
   });
-  std::this_thread::sleep_for(50ms);
-  ASSERT_TRUE(exporter().unexport_buffer(*e).ok());
-  std::memset(region.data(), 0, region.size());  // the exporter reuses its memory
-  std::this_thread::sleep_for(100ms);
-  stop = true;
-  writer.join();
-  EXPECT_EQ(refused.load(), 1);
-  for (std::size_t i = 0; i < region.size(); ++i) ASSERT_EQ(region.data()[i], std::byte{0}) << i;
 }
 
 TEST_P(Model, ExporterGoneIsReportedOnEveryOperation) {
