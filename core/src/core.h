@@ -495,6 +495,7 @@ class context::impl {
   import_ptr find_import(import_handle handle) const;
   void handle_revoke(const peer_ptr& peer, const detail::frame& f);
   void send_revoke_ack(detail::import_entry& imp);
+  void await_writes_landed(detail::import_entry& imp);
   void peer_died(const peer_ptr& peer);
   // Maps a failed fabric operation to peer_gone when its exporter is gone.
   std::error_code classify_failure(const detail::import_entry& imp, std::error_code error);

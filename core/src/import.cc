@@ -184,6 +184,7 @@ status context::impl::unimport_buffer(import_handle handle) {
     if (imp->map) imp->map->retire();  // and cuts off a sender's
   }
   if (imp->peer->alive) {
+    await_writes_landed(*imp);  // the exporter stops tracking us on this frame
     wire::unimport_body body{imp->export_id, 0};
     (void)imp->peer->conn->write_frame(wire::frame_type::unimport, &body, sizeof body);
   }
@@ -194,6 +195,7 @@ void context::impl::handle_revoke(const peer_ptr& peer, const frame& f) {
   wire::revoke_body body{};
   if (!f.body_as(body)) return;
   bool owed = false;
+  std::vector<import_ptr> revoked;
   {
     std::shared_lock lock(imports_mutex);
     for (auto& [id, imp] : imports) {
@@ -206,12 +208,47 @@ void context::impl::handle_revoke(const peer_ptr& peer, const frame& f) {
         acks_owed.fetch_add(1);
         owed = true;
       }
+      revoked.push_back(imp);
     }
   }
-  if (!owed) (void)peer->conn->write_frame(wire::frame_type::revoke_ack, &body, sizeof body);
+  if (owed) return;
+  for (const import_ptr& imp : revoked) await_writes_landed(*imp);
+  (void)peer->conn->write_frame(wire::frame_type::revoke_ack, &body, sizeof body);
+}
+
+// On the fabric path a write completes once it has left this process (tcp:
+// handed to the socket), not once it is in the exporter's memory, and the
+// provider need not refuse writes to a region no longer registered. A read
+// is ordered behind the earlier writes (FI_ORDER_RAW): once it returns they
+// have landed, and the exporter may reuse its memory. It reads the head of
+// our notification ring there, which lives as long as the exporter's context
+// (the export's own memory may already be gone when a context is torn down).
+// Bounded, for a peer that stopped answering.
+void context::impl::await_writes_landed(import_entry& imp) {
+  remote_peer& p = *imp.peer;
+  if (imp.map || !imp.endpoint || !p.alive) return;
+  std::uint64_t ring_address, ring_key;
+  {
+    std::lock_guard lock(p.record_mutex);
+    if (!p.ring_known) return;
+    ring_address = p.ring_address;
+    ring_key = p.ring_key;
+  }
+  static std::uint64_t sink;  // the value is not wanted; a late read lands here harmlessly
+  auto reader = std::make_shared<op>();
+  fabric_endpoint& ep = *imp.endpoint;
+  ep.begin(reader);
+  status s = ep.post_read(reader, imp.fi_address, &sink, sizeof sink,
+                          ring_address + offsetof(wire::fabric_ring, head), ring_key, p.alive);
+  ep.finish_posting(reader, s.error());
+  const auto deadline = clock::now() + std::chrono::seconds(1);
+  while (s && !reader->done.load(std::memory_order_acquire) && p.alive &&
+         clock::now() < deadline)
+    ep.progress();
 }
 
 void context::impl::send_revoke_ack(import_entry& imp) {
+  await_writes_landed(imp);
   wire::revoke_body body{imp.export_id, 0};
   (void)imp.peer->conn->write_frame(wire::frame_type::revoke_ack, &body, sizeof body);
 }

@@ -44,15 +44,17 @@ class Model : public testing::TestWithParam<transport> {
     ASSERT_EQ(seen.load(), target);
   }
 
-  // A thread writes 64 KiB pieces with `send` while the exporter withdraws
-  // `e` and reuses the memory: exactly one send is refused (unknown_handle)
-  // and no byte lands after unexport returned.
+  // A thread writes the whole region over and over with `send` while the
+  // exporter withdraws `e` and reuses the memory: exactly one send is refused
+  // (unknown_handle) and no byte lands after unexport returned. Whole-region
+  // writes keep a large zero-copy write in flight across the revocation (over
+  // tcp such a write completed, and was acknowledged, before it landed).
   template <class Send>
   void expect_unexport_stops_writer(guarded_region& region, core::export_handle e, Send send) {
     std::atomic<bool> stop{false};
     std::atomic<int> refused{0};
     std::thread writer([&] {
-      std::vector<std::byte> chunk(1 << 16, std::byte{0x77});
+      std::vector<std::byte> chunk(region.size(), std::byte{0x77});
       while (!stop) {
         status s = send(chunk);
         if (!s) {
