@@ -139,7 +139,14 @@ class channel::impl {
   bool gone();
 
   status put(std::size_t offset, std::uint64_t value, core::send_options how = {}) {
-    return ctx.send(peer, offset, &value, sizeof value, how);
+    return to_peer.send(offset, &value, sizeof value, how);
+  }
+  // `length` bytes of a record, then (ordered behind them) its id word.
+  status put_record(std::size_t offset, const void* record, std::size_t length,
+                    std::size_t id_offset, std::uint64_t id) {
+    const core::send_piece pieces[] = {{offset, record, length},
+                                       {offset + id_offset, &id, sizeof id}};
+    return to_peer.send(pieces);
   }
   // Tells the peer how far our stream reached. Returns once everything sent
   // so far has left this process: bytes a writer saw accepted then reach the
@@ -193,6 +200,7 @@ class channel::impl {
 
   // The peer's area.
   core::import_handle peer{};
+  core::sender to_peer;  // sends into the peer's area
   bool attached = false;
   bool fabric = false;
   std::string path_name;
@@ -274,6 +282,9 @@ status channel::impl::attach(const parsed_descriptor& peer_area) {
   if (!h) return h.error();
   peer = *h;
   attached = true;
+  auto bound = ctx.bind(peer);
+  if (!bound) return bound.error();
+  to_peer = std::move(*bound);
   peer_address = peer_area.address;
   auto info = ctx.describe(peer);
   if (!info) return info.error();
@@ -373,9 +384,8 @@ std::size_t channel::impl::redirect_into_post(const std::byte* data, std::size_t
   }
   wire::report r{start, placed, 0};
   constexpr std::size_t at = offsetof(area_header, post_report);
-  if (status s = ctx.send(peer, at, &r, offsetof(wire::report, id)); !s) error = s;
-  if (!error) return 0;
-  if (status s = put(at + offsetof(wire::report, id), id); !s) error = s;
+  if (status s = put_record(at, &r, offsetof(wire::report, id), offsetof(wire::report, id), id); !s)
+    error = s;
   if (placed && error) {
     stream_sent += placed;
     store(area->own_sent, stream_sent);
@@ -403,16 +413,20 @@ result<std::size_t> channel::impl::write(const std::byte* data, std::size_t leng
       store(area->own_sent, stream_sent + piece);
       std::size_t at = static_cast<std::size_t>(ring_written & (peer_ring_bytes - 1));
       std::size_t first = std::min<std::size_t>(piece, peer_ring_bytes - at);
-      if (status s = ctx.send(peer, peer_ring_offset + at, data + done, first); !s)
+      // The bytes (across the wrap), then the produced word that announces
+      // them, in one gathered send: on the mapped path the word follows the
+      // bytes at once. Transmitted before we return, as publish_produced().
+      const std::uint64_t produced = stream_sent + piece;
+      core::send_piece parts[3];
+      std::size_t count = 0;
+      parts[count++] = {peer_ring_offset + at, data + done, first};
+      if (first < piece) parts[count++] = {peer_ring_offset, data + done + first, piece - first};
+      parts[count++] = {offsetof(area_header, produced), &produced, sizeof produced};
+      if (status s = to_peer.send(std::span(parts, count), {.transmit_complete = true}); !s)
         return s.error();
-      if (first < piece) {
-        if (status s = ctx.send(peer, peer_ring_offset, data + done + first, piece - first); !s)
-          return s.error();
-      }
       ring_written += piece;
       stream_sent += piece;
       done += piece;
-      if (status s = publish_produced(); !s) return s.error();
       bytes_sent.fetch_add(piece, std::memory_order_relaxed);
     }
     // A post that arrived while we wrote is answered now, not later.
@@ -629,8 +643,10 @@ status channel::impl::post_buffer(std::byte* data, std::size_t length) {
   p.length = length;
   std::memcpy(p.name, name.data(), std::min(name.size(), wire::name_max));
   constexpr std::size_t at = offsetof(area_header, open_post);
-  if (status s = ctx.send(peer, at, &p, offsetof(wire::post, id)); !s) return s;
-  if (status s = put(at + offsetof(wire::post, id), ++post_id); !s) return s;
+  ++post_id;
+  if (status s = put_record(at, &p, offsetof(wire::post, id), offsetof(wire::post, id), post_id);
+      !s)
+    return s;
   post_open = true;
   post_start = stream_read;
   posts.fetch_add(1, std::memory_order_relaxed);
