@@ -93,7 +93,9 @@ result<bool> mailbox::try_send(const wire::header& h, const void* payload) {
   const std::size_t slot = offsetof(mailbox_area, slots) + (sent_ % mailbox_slots) * sizeof(mailbox_slot);
   // Counted before it is written: a peer arming to sleep must learn of it.
   store(area_->own_sent, sent_ + 1);
-  // Header and payload in one send, contiguous as in the slot.
+  // Header and payload contiguous as in the slot, then the stamp that
+  // validates them, in one gathered send: on the mapped path the stamp
+  // follows the message at once.
   struct {
     wire::header h;
     std::byte payload[wire::mailbox_payload_max];
@@ -101,7 +103,6 @@ result<bool> mailbox::try_send(const wire::header& h, const void* payload) {
   static_assert(sizeof body == sizeof(mailbox_slot) - offsetof(mailbox_slot, h));
   body.h = h;
   if (length) std::memcpy(body.payload, payload, length);
-  // The stamp last, right behind the message it validates.
   const std::uint64_t stamp = sent_ + 1;
   const core::send_piece pieces[] = {
       {slot + offsetof(mailbox_slot, h), &body, sizeof h + length},

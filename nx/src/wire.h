@@ -47,7 +47,9 @@ inline bool valid(const header& h) {
 // owner polls the stamp of the slot it expects next.
 inline constexpr std::uint64_t mailbox_magic = 0x3278'6f62'6c69'614dull;  // "Mailbox2"
 inline constexpr std::size_t mailbox_slots = 64;
-inline constexpr std::size_t mailbox_slot_bytes = 128;
+// A slot holds up to 1 KiB of payload: the reader copies a slot's lines in
+// parallel, where a stream message costs it two misses one after the other.
+inline constexpr std::size_t mailbox_slot_bytes = 1088;
 inline constexpr std::size_t mailbox_payload_max =
     mailbox_slot_bytes - sizeof(std::uint64_t) - sizeof(header);
 

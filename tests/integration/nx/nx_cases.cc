@@ -195,10 +195,10 @@ void fifo_order() {
 
 void small_messages_overflow_the_mailbox() {
   // 300 messages sent before any is received: more than the 64 mailbox
-  // slots, with sizes on both sides of the mailbox's 88-byte limit, so they
+  // slots, with sizes on both sides of the mailbox's 1048-byte limit, so they
   // travel both paths. They must arrive whole and in send order.
   const long count = 300;
-  auto size_of = [](long i) { return (i * 37) % 200; };
+  auto size_of = [](long i) { return (i * 37) % 1200; };
   if (me == 0) {
     for (long i = 0; i < count; ++i) {
       std::vector<char> a = payload(i, size_of(i));
@@ -209,9 +209,9 @@ void small_messages_overflow_the_mailbox() {
     // Not calling into NX for a while lets the sender fill every slot first.
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     crecv(61, nullptr, 0);  // everything before it is in by now
-    std::vector<char> buf(200);
+    std::vector<char> buf(1200);
     for (long i = 0; i < count; ++i) {
-      crecv(60, buf.data(), 200);
+      crecv(60, buf.data(), 1200);
       CHECK(infocount() == size_of(i) && is_payload(buf.data(), i, size_of(i)));
     }
   }
