@@ -78,7 +78,7 @@ status mailbox::attach(std::string_view address, std::string_view name) {
 
 void mailbox::put(std::size_t offset, std::uint64_t value) {
   // A failure means the peer is gone; the channels report that.
-  (void)ctx_.send(peer_, offset, &value, sizeof value);
+  (void)to_peer_.send(offset, &value, sizeof value);
 }
 
 // ------------------------------------------------------------------ writing

@@ -5,9 +5,8 @@
 // two cross-core writes. A mailbox slot holds a whole small message next to
 // the stamp that validates it, so the reader's poll of the stamp brings the
 // message with it: that is what makes short ping-pongs fast (Open MPI's
-// shared-memory "fastboxes" do the same). The slot is written with one send
-// and its stamp with a second, ordered one, so the protocol is the same on
-// every core path.
+// shared-memory "fastboxes" do the same). The message and then its stamp go
+// in one gathered core send, whose pieces land in order on every core path.
 //
 // Each node exports one area per peer (layout in wire.h's mailbox section).
 // The peer writes messages into its slots, returns credits and arms for

@@ -340,14 +340,7 @@ int runtime::send_to(long j, wire::header header, const std::byte* data, std::si
       if (p.mail->peer_wants_wakeup()) bell_->ring(j);
       return 0;
     }
-    if (!placed) {
-      if (p.channel->peer_closed()) {
-        p.closed = true;  // the peer ended in order: nobody will read it
-        return 0;
-      }
-      failed_node_ = j;
-      return failure_ = placed.is(errc::peer_gone) ? EQNODEGONE : EQFAIL;
-    }
+    if (!placed) return write_failed(p, placed.error());
   }
   if (!r && p.queue.empty()) {
     outgoing o{nullptr, header, data, length, 0};
@@ -395,15 +388,22 @@ int runtime::write_some(peer& p, outgoing& o) {
       continue;
     }
     if (n.is(errc::would_block)) return 0;
-    if (p.closed || p.channel->peer_closed()) {
-      p.closed = true;
-      o.sent = total;  // the peer ended in order: nobody will read it
-      return 0;
-    }
-    failed_node_ = &p - peers_.data();
-    return failure_ = n.is(errc::peer_gone) ? EQNODEGONE : EQFAIL;
+    if (int e = write_failed(p, n.error())) return e;
+    o.sent = total;  // the peer ended in order: nobody will read it
+    return 0;
   }
   return 0;
+}
+
+// A write toward `p` failed: 0 when the peer ended in order (what we send is
+// dropped, as nobody will read it), else the job's failure code.
+int runtime::write_failed(peer& p, std::error_code error) {
+  if (p.closed || p.channel->peer_closed()) {
+    p.closed = true;
+    return 0;
+  }
+  failed_node_ = &p - peers_.data();
+  return failure_ = error == errc::peer_gone ? EQNODEGONE : EQFAIL;
 }
 
 void runtime::sent_one(request* owner) {

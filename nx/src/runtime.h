@@ -155,6 +155,7 @@ class runtime {
   void recycle(request* r);
   int push(peer& p);
   int write_some(peer& p, outgoing& o);
+  int write_failed(peer& p, std::error_code error);
   void drain(long from);
   bool take_whole(long from, std::size_t ready);
   bool take_mail(long from);
