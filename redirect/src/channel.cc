@@ -141,10 +141,11 @@ class channel::impl {
   status put(std::size_t offset, std::uint64_t value, core::send_options how = {}) {
     return to_peer.send(offset, &value, sizeof value, how);
   }
-  // `length` bytes of a record, then (ordered behind them) its id word.
-  status put_record(std::size_t offset, const void* record, std::size_t length,
-                    std::size_t id_offset, std::uint64_t id) {
-    const core::send_piece pieces[] = {{offset, record, length},
+  // A record's bytes up to its id word, then (ordered behind them) the id,
+  // which the peer reads as "the record is complete".
+  status put_record(std::size_t offset, const void* record, std::size_t id_offset,
+                    std::uint64_t id) {
+    const core::send_piece pieces[] = {{offset, record, id_offset},
                                        {offset + id_offset, &id, sizeof id}};
     return to_peer.send(pieces);
   }
@@ -384,8 +385,7 @@ std::size_t channel::impl::redirect_into_post(const std::byte* data, std::size_t
   }
   wire::report r{start, placed, 0};
   constexpr std::size_t at = offsetof(area_header, post_report);
-  if (status s = put_record(at, &r, offsetof(wire::report, id), offsetof(wire::report, id), id); !s)
-    error = s;
+  if (status s = put_record(at, &r, offsetof(wire::report, id), id); !s) error = s;
   if (placed && error) {
     stream_sent += placed;
     store(area->own_sent, stream_sent);
@@ -644,9 +644,7 @@ status channel::impl::post_buffer(std::byte* data, std::size_t length) {
   std::memcpy(p.name, name.data(), std::min(name.size(), wire::name_max));
   constexpr std::size_t at = offsetof(area_header, open_post);
   ++post_id;
-  if (status s = put_record(at, &p, offsetof(wire::post, id), offsetof(wire::post, id), post_id);
-      !s)
-    return s;
+  if (status s = put_record(at, &p, offsetof(wire::post, id), post_id); !s) return s;
   post_open = true;
   post_start = stream_read;
   posts.fetch_add(1, std::memory_order_relaxed);
