@@ -502,16 +502,27 @@ void runtime::drain(long from) {
       continue;
     }
     std::size_t got;
-    if (p.destination_left > 0) {
-      // Large payloads on the fabric path: post the buffer so that the sender
-      // places the rest directly (bounded wait; the ring path copies).
-      std::size_t want = p.destination_left;
-      if (want >= (64u << 10) && ch.readable() == 0 && ch.path() != "mapped") {
-        auto r = ch.receive(p.destination, want, false, std::chrono::milliseconds(1));
-        got = r ? r->total() : 0;
-      } else {
-        got = ch.read(p.destination, want);
+    if (p.posting) {
+      // The receive buffer is posted: the sender places the payload there.
+      auto r = ch.poll_post();
+      if (r.is(errc::would_block)) return;
+      p.posting = false;
+      if (!r) return;  // the peer is gone: check_peers() reports it
+      got = r->total();
+      p.destination += got;
+      p.destination_left -= got;
+    } else if (p.destination_left > 0) {
+      // A large payload bound for a posted receive: on the fabric path post
+      // the user's buffer, which stays open across progress calls until the
+      // sender has filled it (the channel decides whether posting pays).
+      if (p.receiver) {
+        auto posted = ch.post(p.destination, p.destination_left);
+          if (posted && *posted) {
+          p.posting = true;
+          continue;
+        }
       }
+      got = ch.read(p.destination, p.destination_left);
       p.destination += got;
       p.destination_left -= got;
     } else {

@@ -144,6 +144,7 @@ class runtime {
     std::size_t destination_left = 0;
     request* receiver = nullptr;
     arrival* pending = nullptr;
+    bool posting = false;  // destination is posted on the channel (fabric path)
   };
 
   runtime() = default;

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <charconv>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -127,6 +128,9 @@ class channel::impl {
                                  std::chrono::milliseconds timeout);
   result<receive_result> complete_post(std::byte* data, std::size_t length, bool wait_all,
                                        clock::time_point deadline);
+  result<std::optional<receive_result>> step_post(std::byte* data, std::size_t length,
+                                                  bool wait_all, bool promised,
+                                                  bool must_leave);
   status post_buffer(std::byte* data, std::size_t length);
   result<bool> withdraw_post();
   status wait_a_little(clock::time_point deadline, clock::time_point& spin_until,
@@ -222,6 +226,8 @@ class channel::impl {
   std::uint64_t stream_read = 0, ring_read = 0, credited = 0;
   std::uint64_t data_epoch = 0, last_rung_space = 0, post_id = 0, post_start = 0;
   bool post_open = false;
+  std::byte* post_data = nullptr;  // an open post's buffer (post()/poll_post())
+  std::size_t post_length = 0;
   std::uint64_t polled_activity = 0;
   struct buffer_export {
     const std::byte* base;
@@ -429,8 +435,9 @@ result<std::size_t> channel::impl::write(const std::byte* data, std::size_t leng
       done += piece;
       bytes_sent.fetch_add(piece, std::memory_order_relaxed);
     }
-    // A post that arrived while we wrote is answered now, not later.
-    (void)redirect_into_post(nullptr, 0, error);
+    // A post that arrived while we wrote is answered now, not later, with
+    // what the ring had no room for.
+    done += redirect_into_post(data + done, length - done, error);
     if (!error) return error.error();
   }
   if (done == 0) {
@@ -576,7 +583,10 @@ bool channel::impl::prepare_sleep(sleep_reason reason) {
     credit = *consumed;  // the peer's own count is authoritative
     return false;
   }
-  return true;
+  // A post that arrived while we armed: the reader rang before our arm
+  // landed, or not at all; our next write takes it up instead of sleeping.
+  const std::uint64_t post = load(area->open_post.id);
+  return post <= handled_post || load(area->withdrawn) >= post;
 }
 
 // The peer process died, or its end was destroyed (its area withdrawn).
@@ -666,60 +676,71 @@ result<bool> channel::impl::withdraw_post() {
   return true;
 }
 
+// One look at the open post: the finished receive, or nothing yet (it stays
+// open). `must_leave` takes it back unless the sender already took it up.
+result<std::optional<receive_result>> channel::impl::step_post(std::byte* data,
+                                                               std::size_t length,
+                                                               bool wait_all, bool promised,
+                                                               bool must_leave) {
+  progress();
+  const wire::report& r = area->post_report;
+  if (load(r.id) == post_id) {
+    std::uint64_t start = load(r.start), placed = load(r.redirected);
+    // Ring bytes before `start` were written before the report; redirected
+    // ones are complete once `produced` covers them.
+    while (load(area->produced) < start + placed) {
+      progress();
+      if (gone()) return errc::peer_gone;
+    }
+    post_open = false;
+    receive_result out;
+    std::uint64_t from_ring = std::min<std::uint64_t>(start, post_start + length) - post_start;
+    out.copied = copy_out(data, static_cast<std::size_t>(from_ring), true);
+    if (placed) {
+      stream_read += placed;
+      out.redirected = static_cast<std::size_t>(placed);
+      bytes_received.fetch_add(placed, std::memory_order_relaxed);
+      bytes_redirected.fetch_add(placed, std::memory_order_relaxed);
+    }
+    return std::optional(out);
+  }
+  // Bytes in the ring (the sender wrote them before it saw the post), the
+  // end of the stream or our deadline: take the post back if we still can.
+  // A sender that already took it answers within its current call.
+  // With wait_all, ring bytes alone are no reason: a busy sender takes the
+  // post up with its next write. An idle one (all it sent has landed) never
+  // will, unless the bytes are `promised` (the caller knows they are coming:
+  // a sender that looks idle is between two writes, or waits for the ring
+  // we stopped reading and takes the post up next). A post the ring already
+  // fills cannot gain anything.
+  std::uint64_t produced = load(area->produced);
+  bool ring_has_bytes = produced > post_start;
+  bool give_up_post = ring_has_bytes && (!wait_all || produced >= post_start + length);
+  if (ring_has_bytes && !give_up_post && !promised) {
+    auto sent = get(offsetof(area_header, own_sent));
+    give_up_post = !sent || *sent <= produced;
+  }
+  bool ended = load(area->fin) != 0 && load(area->fin) - 1 == post_start;
+  if (!give_up_post && !ended && !must_leave) return std::optional<receive_result>();
+  auto withdrawn = withdraw_post();
+  if (!withdrawn) return gone() ? errc::peer_gone : withdrawn.error();
+  if (!*withdrawn) {
+    if (gone()) return errc::peer_gone;
+    return std::optional<receive_result>();  // the report is on its way
+  }
+  receive_result out;
+  out.copied = copy_out(data, length, true);
+  if (out.copied == 0 && must_leave && !ended) return errc::timed_out;
+  return std::optional(out);
+}
+
 result<receive_result> channel::impl::complete_post(std::byte* data, std::size_t length,
                                                     bool wait_all, clock::time_point deadline) {
   auto spin_until = clock::now() + spin;
-  const wire::report& r = area->post_report;
-  while (true) {
-    progress();
-    if (load(r.id) == post_id) {
-      std::uint64_t start = load(r.start), placed = load(r.redirected);
-      // Ring bytes before `start` were written before the report; redirected
-      // ones are complete once `produced` covers them.
-      while (load(area->produced) < start + placed) {
-        progress();
-        if (gone()) return errc::peer_gone;
-      }
-      post_open = false;
-      receive_result out;
-      std::uint64_t from_ring = std::min<std::uint64_t>(start, post_start + length) - post_start;
-      out.copied = copy_out(data, static_cast<std::size_t>(from_ring), true);
-      if (placed) {
-        stream_read += placed;
-        out.redirected = static_cast<std::size_t>(placed);
-        bytes_received.fetch_add(placed, std::memory_order_relaxed);
-        bytes_redirected.fetch_add(placed, std::memory_order_relaxed);
-      }
-      return out;
-    }
-    // Bytes in the ring (the sender wrote them before it saw the post), the
-    // end of the stream or our deadline: take the post back if we still can.
-    // A sender that already took it answers within its current call.
-    // With wait_all, ring bytes alone are no reason: a busy sender takes the
-    // post up with its next write. An idle one (all it sent has landed) never
-    // will, and a post the ring already fills cannot gain anything.
-    std::uint64_t produced = load(area->produced);
-    bool ring_has_bytes = produced > post_start;
-    bool give_up_post = ring_has_bytes && (!wait_all || produced >= post_start + length);
-    if (ring_has_bytes && !give_up_post) {
-      auto sent = get(offsetof(area_header, own_sent));
-      give_up_post = !sent || *sent <= produced;
-    }
-    bool ended = load(area->fin) != 0 && load(area->fin) - 1 == post_start;
-    bool must_leave = clock::now() >= deadline;
-    if (give_up_post || ended || must_leave) {
-      auto withdrawn = withdraw_post();
-      if (!withdrawn) return gone() ? errc::peer_gone : withdrawn.error();
-      if (*withdrawn) {
-        receive_result out;
-        out.copied = copy_out(data, length, true);
-        if (out.copied == 0 && must_leave && !ended) return errc::timed_out;
-        return out;
-      }
-      if (gone()) return errc::peer_gone;
-      progress();
-      continue;  // the report is on its way
-    }
+  for (;;) {
+    auto step = step_post(data, length, wait_all, false, clock::now() >= deadline);
+    if (!step) return step.error();
+    if (*step) return **step;
     if (status s = wait_a_little(clock::time_point::max(), spin_until, sleep_reason::data); !s) {
       // Gone with the post open: whatever it placed is not a stream anyone
       // can vouch for any more; ring bytes before the post are still read.
@@ -840,6 +861,33 @@ std::size_t channel::read(void* data, std::size_t length, bool consume) {
 result<receive_result> channel::receive(void* data, std::size_t length, bool wait_all,
                                         std::chrono::milliseconds timeout) {
   return impl_->receive(static_cast<std::byte*>(data), length, wait_all, timeout);
+}
+result<bool> channel::post(void* data, std::size_t length) {
+  impl& i = *impl_;
+  if (i.post_open) return errc::already_exists;
+  if (!i.fabric || !i.attached || length < i.post_min) return false;
+  i.progress();
+  // Bytes already in the ring are copied when the post completes; it pays
+  // when at least post_min bytes are still to come.
+  const std::size_t ready = i.readable();
+  if (length < ready || length - ready < i.post_min || i.at_end()) return false;
+  if (status s = i.post_buffer(static_cast<std::byte*>(data), length); !s) return s.error();
+  i.post_data = static_cast<std::byte*>(data);
+  i.post_length = length;
+  return true;
+}
+result<receive_result> channel::poll_post() {
+  impl& i = *impl_;
+  if (!i.post_open || !i.post_data) return errc::invalid_argument;
+  auto step = i.step_post(i.post_data, i.post_length, true, true, false);
+  if (!step) {
+    i.post_open = false;  // as receive(): what the post placed cannot be vouched for
+    i.post_data = nullptr;
+    return step.error();
+  }
+  if (!*step) return errc::would_block;
+  i.post_data = nullptr;
+  return **step;
 }
 bool channel::poll() {
   return impl_->poll();

@@ -502,18 +502,16 @@ void killed() {
 
 void large() {
   // Messages larger than the receiver's ring: the receiver is waiting in
-  // crecv, so on the fabric path the part that does not fit is redirected.
+  // crecv, so on the fabric path it posts its buffer once the header is in,
+  // and the part the ring did not hold is redirected.
   const long size = 8L << 20;
   std::vector<char> buf(static_cast<std::size_t>(size));
-  // Redirection is opportunistic (the runtime posts only when the ring is
-  // empty): more rounds make a run in which none is redirected unlikely on a
-  // loaded machine.
   for (long round = 0; round < 8; ++round) {
     gsync();
     if (me == 0) {
       auto a = payload(round, size);
-      // Let node 1 reach crecv first: a receiver that arrives late keeps
-      // finding ring bytes to copy and may never post (a loaded machine).
+      // Let node 1 reach crecv first (an unexpected message is buffered by
+      // copy: there is no user buffer to post).
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
       csend(110, a.data(), size, 1, 0);
     } else if (me == 1) {

@@ -563,6 +563,44 @@ TEST_P(Channel, WriteLongerThanThePostContinuesInTheRing) {
   EXPECT_EQ(a().readable(), 0u);
 }
 
+// post()/poll_post() for callers with their own progress loop: a post opened
+// while the ring is full stays open across calls; the writer's next write
+// places the rest straight into it, and the ring's bytes are copied in front.
+TEST_P(Channel, OpenPostStaysOpenUntilTheWriterFillsIt) {
+  ASSERT_NO_FATAL_FAILURE(connect_ends());
+  const pattern_stream s(57);
+  constexpr std::size_t n = std::size_t{256} << 10;  // four rings' worth
+  const std::vector<unsigned char> data = s.copy(0, n);
+  std::size_t written = 0;
+  ASSERT_TRUE(pump({&a(), &b()}, [&] {
+    if (auto w = b().write(data.data() + written, n - written)) written += *w;
+    return a().readable() == written && b().writable() == 0;
+  })) << "the ring did not fill";
+  const std::size_t in_ring = written;
+  std::vector<unsigned char> buffer(n);
+  auto posted = a().post(buffer.data(), n);
+  ASSERT_TRUE(posted) << describe(posted.error());
+  if (!fabric()) {  // the mapped path copies: nothing to post
+    EXPECT_FALSE(*posted);
+    return;
+  }
+  ASSERT_TRUE(*posted);
+  EXPECT_TRUE(a().post(buffer.data(), n).is(errc::already_exists));
+  EXPECT_EQ(a().read(buffer.data(), 1), 0u) << "a read must not take bytes of the open post";
+  result<redirect::receive_result> got = errc::would_block;
+  ASSERT_TRUE(pump({&a(), &b()}, [&] {
+    if (written < n)
+      if (auto w = b().write(data.data() + written, n - written)) written += *w;
+    got = a().poll_post();
+    return !got.is(errc::would_block);
+  }));
+  ASSERT_TRUE(got) << describe(got.error());
+  EXPECT_EQ(got->copied, in_ring);
+  EXPECT_EQ(got->redirected, n - in_ring);
+  EXPECT_EQ(s.mismatch(buffer.data(), n, 0), n);
+  EXPECT_TRUE(a().poll_post().is(errc::invalid_argument)) << "no post is open any more";
+}
+
 // The end of stream reaches a receive that is waiting with its buffer posted.
 TEST_P(Channel, EndOfStreamEndsAPostedReceive) {
   ASSERT_NO_FATAL_FAILURE(connect_ends());

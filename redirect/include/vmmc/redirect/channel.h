@@ -147,6 +147,23 @@ class channel {
   // posting. Errors: timed_out (no byte came), peer_gone.
   result<receive_result> receive(void* data, std::size_t length, bool wait_all,
                                  std::chrono::milliseconds timeout);
+  // Redirection for callers that drive their own progress loop (NX): posts
+  // `data` for the next `length` bytes of the stream and returns at once.
+  // Bytes already in the ring are copied into the start of `data` when the
+  // post completes. True when posted; false when posting does not pay or
+  // cannot be done (mapped path, fewer than post_min bytes still to come,
+  // end of stream): then read as usual. While the post is open read()
+  // returns 0.
+  // Errors: already_exists (a post is open), and those of exporting.
+  result<bool> post(void* data, std::size_t length);
+  // The open post's outcome once it is complete: the bytes copied (ring bytes
+  // the sender wrote before it saw the post) and redirected, together all
+  // `length` posted unless the stream ended; would_block meanwhile. The
+  // caller promises that `length` bytes are coming (a message body its
+  // header announced): the post stays open until the sender takes it up,
+  // unless the ring alone holds them all. Errors: invalid_argument (no post
+  // open), peer_gone.
+  result<receive_result> poll_post();
   // Drives progress and takes in what the peer wrote; cheap, no system call on
   // the mapped path. Returns true when something changed for this end
   // (bytes arrived, space freed, hello or end of stream).
