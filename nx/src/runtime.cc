@@ -517,7 +517,7 @@ void runtime::drain(long from) {
       // sender has filled it (the channel decides whether posting pays).
       if (p.receiver) {
         auto posted = ch.post(p.destination, p.destination_left);
-          if (posted && *posted) {
+        if (posted && *posted) {
           p.posting = true;
           continue;
         }

@@ -129,8 +129,7 @@ class channel::impl {
   result<receive_result> complete_post(std::byte* data, std::size_t length, bool wait_all,
                                        clock::time_point deadline);
   result<std::optional<receive_result>> step_post(std::byte* data, std::size_t length,
-                                                  bool wait_all, bool promised,
-                                                  bool must_leave);
+                                                  bool wait_all, bool promised, bool must_leave);
   status post_buffer(std::byte* data, std::size_t length);
   result<bool> withdraw_post();
   status wait_a_little(clock::time_point deadline, clock::time_point& spin_until,
@@ -678,8 +677,7 @@ result<bool> channel::impl::withdraw_post() {
 
 // One look at the open post: the finished receive, or nothing yet (it stays
 // open). `must_leave` takes it back unless the sender already took it up.
-result<std::optional<receive_result>> channel::impl::step_post(std::byte* data,
-                                                               std::size_t length,
+result<std::optional<receive_result>> channel::impl::step_post(std::byte* data, std::size_t length,
                                                                bool wait_all, bool promised,
                                                                bool must_leave) {
   progress();
