@@ -52,6 +52,25 @@ void count_send(context::impl::atomic_counters& count, std::size_t length, bool 
   count.bytes_sent.fetch_add(length, std::memory_order_relaxed);
   if (notify) count.notifications_sent.fetch_add(1, std::memory_order_relaxed);
 }
+
+// Every piece of a gathered send is checked before any is written.
+std::error_code check_pieces(const import_entry& imp, std::span<const send_piece> pieces) {
+  for (const send_piece& p : pieces)
+    if (auto e = check_range(imp, p.offset, p.source, p.length, true)) return e;
+  return {};
+}
+
+// The mapped path of a gathered send: the pieces copied back to back.
+// Counted before the copies: a locked add after them would wait for the
+// copies' cache lines to arrive.
+void copy_pieces(context::impl::atomic_counters& count, const import_entry& imp,
+                 std::span<const send_piece> pieces, bool notify) {
+  std::size_t bytes = 0;
+  for (const send_piece& p : pieces) bytes += p.length;
+  count_send(count, bytes, notify, pieces.size());
+  for (const send_piece& p : pieces)
+    if (p.length) std::memcpy(imp.map->data() + p.offset, p.source, p.length);
+}
 }  // namespace
 
 result<bool> context::impl::send_gathered(import_handle handle,
@@ -59,18 +78,11 @@ result<bool> context::impl::send_gathered(import_handle handle,
                                           send_options options) {
   import_ptr imp = find_import(handle);
   if (!imp) return errc::unknown_handle;
-  for (const send_piece& p : pieces)
-    if (auto e = check_range(*imp, p.offset, p.source, p.length, true)) return e;
+  if (auto e = check_pieces(*imp, pieces)) return e;
   if (!imp->map || pieces.empty()) return false;
   std::shared_lock state(imp->state_mutex);
   if (imp->revoked) return errc::unknown_handle;
-  // Counted before the copies: a locked add after them would wait for the
-  // copies' cache lines to arrive.
-  std::size_t bytes = 0;
-  for (const send_piece& p : pieces) bytes += p.length;
-  count_send(count, bytes, options.notify, pieces.size());
-  for (const send_piece& p : pieces)
-    if (p.length) std::memcpy(imp->map->data() + p.offset, p.source, p.length);
+  copy_pieces(count, *imp, pieces, options.notify);
   if (options.notify) {
     const send_piece& last = pieces.back();
     notify_record rec{imp->export_id, 0, last.offset, last.length, options.value};
@@ -105,17 +117,11 @@ status sender::send(std::span<const send_piece> pieces, send_options options) {
     return errc::unknown_handle;
   // Notifications and the fabric path take the general route.
   if (!imp.map || options.notify) return owner_->send(handle_, pieces, options);
-  std::size_t bytes = 0;
-  for (const send_piece& p : pieces) {
-    if (auto e = check_range(imp, p.offset, p.source, p.length, true)) return e;
-    bytes += p.length;
-  }
+  if (auto e = check_pieces(imp, pieces)) return e;
   // No lock: a release or revocation swaps the mapped pages for private ones
   // (mapping::retire) before it completes, so a copy racing with it is lost,
-  // never misplaced. Counted before the copies (see send_gathered).
-  count_send(owner_->impl_->count, bytes, false, pieces.size());
-  for (const send_piece& p : pieces)
-    if (p.length) std::memcpy(imp.map->data() + p.offset, p.source, p.length);
+  // never misplaced.
+  copy_pieces(owner_->impl_->count, imp, pieces, false);
   return {};
 }
 
