@@ -229,6 +229,25 @@ pid_t spawn_server(const std::vector<std::string>& args, int& port, bool preload
   ::close(p[0]);
   return pid;
 }
+
+// A server and `count` clients started with the same arguments (the port
+// goes in after the client's name), all at once or, with `one_at_a_time`,
+// each after the previous one ended; waits for all of them.
+int serve_clients(const std::vector<std::string>& server, std::vector<std::string> client,
+                  int count = 1, bool one_at_a_time = false) {
+  int port;
+  pid_t server_pid = spawn_server(server, port);
+  client.insert(client.begin() + 1, std::to_string(port));
+  std::vector<pid_t> clients;
+  for (int i = 0; i < count; ++i) {
+    clients.push_back(spawn(client));
+    if (one_at_a_time) reap(clients.back(), client[0].c_str());
+  }
+  if (!one_at_a_time)
+    for (pid_t c : clients) reap(c, client[0].c_str());
+  reap(server_pid, server[0].c_str());
+  return 0;
+}
 void tell_port(int port) {  // servers: on fd 3, then close it
   std::string s = std::to_string(port);
   write_all(3, s.data(), s.size());
@@ -303,13 +322,7 @@ int epoll_server(int clients, bool check_path) {
 }
 
 int epoll_case() {
-  int port;
-  pid_t server = spawn_server({"epoll-server", "8", "1"}, port);
-  std::vector<pid_t> clients;
-  for (int i = 0; i < 8; ++i) clients.push_back(spawn({"echo-client", std::to_string(port), "1"}));
-  for (pid_t c : clients) reap(c, "client");
-  reap(server, "epoll server");
-  return 0;
+  return serve_clients({"epoll-server", "8", "1"}, {"echo-client", "1"}, 8);
 }
 
 // A client of an echo server: rounds, checks, expects acceleration or not.
@@ -351,12 +364,8 @@ int forking_client(int port) {
 }
 
 int epoll_fork_case() {
-  int port;
   // The client checks the paths (the first connection ends on TCP).
-  pid_t server = spawn_server({"epoll-server", "2", "0"}, port);
-  reap(spawn({"forking-client", std::to_string(port)}), "forking client");
-  reap(server, "epoll server");
-  return 0;
+  return serve_clients({"epoll-server", "2", "0"}, {"forking-client"});
 }
 
 // ---- select-based echo server; poll-based client.
@@ -426,13 +435,7 @@ int poll_client(int port) {
 }
 
 int select_case() {
-  int port;
-  pid_t server = spawn_server({"select-server", "3", "1"}, port);
-  std::vector<pid_t> clients;
-  for (int i = 0; i < 3; ++i) clients.push_back(spawn({"poll-client", std::to_string(port)}));
-  for (pid_t c : clients) reap(c, "poll client");
-  reap(server, "select server");
-  return 0;
+  return serve_clients({"select-server", "3", "1"}, {"poll-client"}, 3);
 }
 
 // ---- fork after accept: the child serves the connection the parent
@@ -493,13 +496,8 @@ int fork_client(int port) {
 }
 
 int fork_after_accept_case() {
-  int port;
-  pid_t server = spawn_server({"fork-after-accept-server"}, port);
   // One at a time: the second connection is accepted after the first fork.
-  reap(spawn({"fork-client", std::to_string(port)}), "client 1");
-  reap(spawn({"fork-client", std::to_string(port)}), "client 2");
-  reap(server, "server");
-  return 0;
+  return serve_clients({"fork-after-accept-server"}, {"fork-client"}, 2, true);
 }
 
 // ---- fork while the peer does not run (asleep, no call on the socket):
@@ -539,11 +537,7 @@ int sleepy_client(int port) {
 }
 
 int unanswered_fork_case() {
-  int port;
-  pid_t server = spawn_server({"unanswered-fork-server"}, port);
-  reap(spawn({"sleepy-client", std::to_string(port)}), "client");
-  reap(server, "server");
-  return 0;
+  return serve_clients({"unanswered-fork-server"}, {"sleepy-client"});
 }
 
 // ---- fork before accept: a parent that already runs VMMC (one accelerated
@@ -584,13 +578,7 @@ int prefork_server(int workers) {
 }
 
 int prefork_case() {
-  int port;
-  pid_t server = spawn_server({"prefork-server", "2"}, port);
-  std::vector<pid_t> clients;
-  for (int i = 0; i < 2; ++i) clients.push_back(spawn({"echo-client", std::to_string(port), "1"}));
-  for (pid_t c : clients) reap(c, "client");
-  reap(server, "prefork server");
-  return 0;
+  return serve_clients({"prefork-server", "2"}, {"echo-client", "1"}, 2);
 }
 
 // ---- exec with an inherited socket: the server execs a new image that
@@ -648,11 +636,7 @@ int inetd_service() {  // stdin/stdout are the connection
 }
 
 int exec_case(bool inetd) {
-  int port;
-  pid_t server = spawn_server({inetd ? "inetd-server" : "exec-server"}, port);
-  reap(spawn({"fork-client", std::to_string(port)}), "client");
-  reap(server, "server");
-  return 0;
+  return serve_clients({inetd ? "inetd-server" : "exec-server"}, {"fork-client"});
 }
 
 // ---- only one side preloaded: plain TCP, both ways round.
