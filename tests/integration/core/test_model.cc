@@ -27,10 +27,13 @@ class Model : public testing::TestWithParam<transport> {
   core::context& importer() { return *importer_; }
 
   // Exports `region` under `name` and imports it from the importer.
+  // `exported`, when given, receives the export's handle.
   core::import_handle export_and_import(guarded_region& region, const char* name,
-                                        core::export_options options = {}) {
+                                        core::export_options options = {},
+                                        core::export_handle* exported = nullptr) {
     auto e = exporter().export_buffer(name, region.data(), region.size(), std::move(options));
     EXPECT_TRUE(e) << e.error().message();
+    if (e && exported) *exported = *e;
     auto i = importer().import_buffer(exporter().address(), name);
     EXPECT_TRUE(i) << i.error().message();
     return i ? *i : core::import_handle{};
@@ -355,12 +358,11 @@ TEST_P(Model, UnknownAndReleasedHandles) {
 // After unexport returns, no importer can write into the memory any more.
 TEST_P(Model, UnexportRevokesImports) {
   guarded_region region(exporter(), 1 << 20, GetParam().mappable);
-  auto e = exporter().export_buffer("revoked", region.data(), region.size());
-  ASSERT_TRUE(e);
-  auto h = importer().import_buffer(exporter().address(), "revoked");
-  ASSERT_TRUE(h);
-  expect_unexport_stops_writer(region, *e, [&](const std::vector<std::byte>& chunk) {
-    return importer().send(*h, 0, chunk.data(), chunk.size());
+  core::export_handle e{};
+  auto h = export_and_import(region, "revoked", {}, &e);
+  ASSERT_FALSE(HasFailure());
+  expect_unexport_stops_writer(region, e, [&](const std::vector<std::byte>& chunk) {
+    return importer().send(h, 0, chunk.data(), chunk.size());
   });
   // The name is free again.
   EXPECT_TRUE(exporter().export_buffer("revoked", region.data(), region.size()));
@@ -416,13 +418,12 @@ TEST_P(Model, SenderSendsUntilTheImportIsReleased) {
 // exporter's reused memory untouched.
 TEST_P(Model, UnexportRevokesSenders) {
   guarded_region region(exporter(), 1 << 20, GetParam().mappable);
-  auto e = exporter().export_buffer("revoked-sender", region.data(), region.size());
-  ASSERT_TRUE(e);
-  auto h = importer().import_buffer(exporter().address(), "revoked-sender");
-  ASSERT_TRUE(h);
-  auto sender = importer().bind(*h);
+  core::export_handle e{};
+  auto h = export_and_import(region, "revoked-sender", {}, &e);
+  ASSERT_FALSE(HasFailure());
+  auto sender = importer().bind(h);
   ASSERT_TRUE(sender);
-  expect_unexport_stops_writer(region, *e, [&](const std::vector<std::byte>& chunk) {
+  expect_unexport_stops_writer(region, e, [&](const std::vector<std::byte>& chunk) {
     return sender->send(0, chunk.data(), chunk.size());
   });
 }
