@@ -8,6 +8,7 @@
 #include <chrono>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include "integration/core/child_process.h"
@@ -179,6 +180,28 @@ TEST_P(Process, PeerKilledMidStreamIsDetectedWithinTwoSeconds) {
       10s))
       << "only " << read << " bytes arrived";
 
+  // libfabric's shm provider (1.17) enqueues every operation into the
+  // receiver's region under a spinlock shared between the processes: a
+  // writer killed while it holds that lock leaves it held, and the survivor
+  // spins in fi_cq_read for ever (seen here: 1 hang in a few runs of this
+  // suite). No code of ours can release it, so over shm the child is killed
+  // mid-stream but blocked on a full ring, where it sends nothing into us:
+  // we stop reading until the ring stays full.
+  if (std::string_view(GetParam().name) == "shm") {
+    std::size_t last = 0;
+    auto still_since = clock_type::now();
+    ASSERT_TRUE(pump(
+        {&me()},
+        [&] {
+          std::size_t now = me().readable();
+          if (now != last) {
+            last = now;
+            still_since = clock_type::now();
+          }
+          return now > 0 && clock_type::now() - still_since > 200ms;
+        },
+        10s));
+  }
   auto killed = kill_child();
   expect_peer_gone(killed, read);
 }
