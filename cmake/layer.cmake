@@ -10,4 +10,8 @@ function(vmmc_add_layer name)
     PUBLIC $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}/include>
     PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/src)
   target_link_libraries(vmmc_${name} PUBLIC ${L_PUBLIC} PRIVATE ${L_PRIVATE} vmmc::warnings)
+  # Nobody interposes the layers' own functions: calls inside a layer are
+  # direct (no PLT) and may be inlined, as in a static library.
+  target_compile_options(vmmc_${name} PRIVATE -fno-semantic-interposition)
+  target_link_options(vmmc_${name} PRIVATE -Wl,-Bsymbolic-functions)
 endfunction()
