@@ -3,6 +3,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <sstream>
 
 #include "core.h"
@@ -205,13 +206,36 @@ status context::send(import_handle to, std::span<const send_piece> pieces,
   auto copied = impl_->send_gathered(to, pieces, options);
   if (!copied) return copied.error();
   if (*copied) return {};
-  // Fabric path: consecutive sends to one peer land in order.
-  for (std::size_t i = 0; i < pieces.size(); ++i) {
-    const bool last = i + 1 == pieces.size();
+  // Fabric path: consecutive sends to one peer land in order. Small pieces
+  // that continue each other in the destination go as one write.
+  constexpr std::size_t merge_max = 4096;
+  for (std::size_t i = 0; i < pieces.size();) {
+    std::uint64_t offset = pieces[i].offset;
+    const void* source = pieces[i].source;
+    std::size_t length = pieces[i].length;
+    std::size_t next = i + 1;
+    auto continues = [&](std::size_t j) {
+      return j < pieces.size() && pieces[j].offset == offset + length &&
+             length + pieces[j].length <= merge_max;
+    };
+    std::byte staged[merge_max];
+    if (continues(next)) {
+      if (length) std::memcpy(staged, source, length);
+      for (; continues(next); ++next) {
+        if (pieces[next].length)
+          std::memcpy(staged + length, pieces[next].source, pieces[next].length);
+        length += pieces[next].length;
+      }
+      source = staged;
+    }
+    const bool last = next == pieces.size();
     send_options o = options;
     o.notify = options.notify && last;
     o.transmit_complete = options.transmit_complete && last;  // covers the earlier ones
-    if (status s = send(to, pieces[i].offset, pieces[i].source, pieces[i].length, o); !s) return s;
+    if (status s = send(to, offset, source, length, o); !s) return s;
+    // Counted per piece, as on the mapped path.
+    if (next - i > 1) impl_->count.sends.fetch_add(next - i - 1, std::memory_order_relaxed);
+    i = next;
   }
   return {};
 }
@@ -255,11 +279,19 @@ void context::progress() { impl_->progress_all(); }
 
 counters context::stats() const {
   counters c{};
-  c.sends = impl_->count.sends;
+  {
+    // Under the lock: a tally folded into `count` meanwhile is seen once.
+    std::lock_guard lock(impl_->tallies_mutex);
+    c.sends = impl_->count.sends;
+    c.bytes_sent = impl_->count.bytes_sent;
+    for (const auto& t : impl_->tallies) {
+      c.sends += t->sends.load(std::memory_order_relaxed);
+      c.bytes_sent += t->bytes_sent.load(std::memory_order_relaxed);
+    }
+  }
   c.fetches = impl_->count.fetches;
   c.notifications_sent = impl_->count.notifications_sent;
   c.notifications_received = impl_->count.notifications_received;
-  c.bytes_sent = impl_->count.bytes_sent;
   c.bytes_fetched = impl_->count.bytes_fetched;
   for (const auto& e : impl_->endpoints) {
     reg_cache_counters u = e->utlb().counters();

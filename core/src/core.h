@@ -162,6 +162,15 @@ struct segment {
 // processes that no longer exist. Returns how many were removed.
 std::size_t remove_stale_fabric_shm_files(const char* directory = "/dev/shm");
 
+// What one sender has sent (see context::impl::tallies).
+struct sender_tally {
+  std::atomic<std::uint64_t> sends{0}, bytes_sent{0};
+  void add(std::size_t pieces, std::size_t bytes) {  // by the sender's thread only
+    sends.store(sends.load(std::memory_order_relaxed) + pieces, std::memory_order_relaxed);
+    bytes_sent.store(bytes_sent.load(std::memory_order_relaxed) + bytes, std::memory_order_relaxed);
+  }
+};
+
 // A mapping of (part of) another process's memfd.
 struct mapping {
   std::byte* base = nullptr;  // page-aligned start of the mapping
@@ -592,6 +601,15 @@ class context::impl {
     std::atomic<std::uint64_t> sends{0}, fetches{0}, notifications_sent{0},
         notifications_received{0}, bytes_sent{0}, bytes_fetched{0};
   } count;
+
+  // The senders' counts (class sender), summed by stats(). A sender's tally
+  // has one writer, which adds with plain stores: a locked add on its hot
+  // path would wait for the store buffer, and so for any earlier write into
+  // another process's memory. A tally whose sender is gone is folded into
+  // `count` when the next sender is bound.
+  std::mutex tallies_mutex;
+  std::vector<std::shared_ptr<detail::sender_tally>> tallies;
+  std::shared_ptr<detail::sender_tally> new_tally();
 };
 
 }  // namespace vmmc::core

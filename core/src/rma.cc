@@ -34,15 +34,16 @@ status push_notification(remote_peer& peer, const notify_record& record) {
   return {};
 }
 
-// The checks every transfer passes before anything is posted.
-std::error_code check_range(const import_entry& imp, std::uint64_t offset, const void* buffer,
-                            std::size_t length, bool is_send) {
+// The checks every transfer passes before anything is posted. An errc, not
+// a std::error_code: the hot path builds one only for a failure.
+inline errc check_range(const import_entry& imp, std::uint64_t offset, const void* buffer,
+                        std::size_t length, bool is_send) {
   if (!buffer && length) return errc::invalid_argument;
   if (offset > imp.length || length > imp.length - offset) return errc::out_of_range;
   if (!has_right(imp.allowed, is_send ? rights::write : rights::read))
     return errc::permission_denied;
   if (!imp.peer->alive.load(std::memory_order_acquire)) return errc::peer_gone;
-  return {};
+  return errc::ok;
 }
 
 // A gathered send counts as one send per piece, as on the fabric path.
@@ -53,23 +54,25 @@ void count_send(context::impl::atomic_counters& count, std::size_t length, bool 
   if (notify) count.notifications_sent.fetch_add(1, std::memory_order_relaxed);
 }
 
-// Every piece of a gathered send is checked before any is written.
-std::error_code check_pieces(const import_entry& imp, std::span<const send_piece> pieces) {
-  for (const send_piece& p : pieces)
-    if (auto e = check_range(imp, p.offset, p.source, p.length, true)) return e;
-  return {};
+// Every piece of a gathered send is checked before any is written: the
+// pieces' own arguments first, then the import's right and its peer, once.
+// `bytes` is their total.
+inline errc check_pieces(const import_entry& imp, std::span<const send_piece> pieces,
+                         std::size_t& bytes) {
+  bytes = 0;
+  for (const send_piece& p : pieces) {
+    if (!p.source && p.length) return errc::invalid_argument;
+    if (p.offset > imp.length || p.length > imp.length - p.offset) return errc::out_of_range;
+    bytes += p.length;
+  }
+  return check_range(imp, 0, nullptr, 0, true);
 }
 
 // The mapped path of a gathered send: the pieces copied back to back.
-// Counted before the copies: a locked add after them would wait for the
-// copies' cache lines to arrive.
-void copy_pieces(context::impl::atomic_counters& count, const import_entry& imp,
-                 std::span<const send_piece> pieces, bool notify) {
-  std::size_t bytes = 0;
-  for (const send_piece& p : pieces) bytes += p.length;
-  count_send(count, bytes, notify, pieces.size());
+inline void copy_pieces(const import_entry& imp, std::span<const send_piece> pieces) {
+  std::byte* const base = imp.map->data();
   for (const send_piece& p : pieces)
-    if (p.length) std::memcpy(imp.map->data() + p.offset, p.source, p.length);
+    if (p.length) std::memcpy(base + p.offset, p.source, p.length);
 }
 }  // namespace
 
@@ -78,11 +81,15 @@ result<bool> context::impl::send_gathered(import_handle handle,
                                           send_options options) {
   import_ptr imp = find_import(handle);
   if (!imp) return errc::unknown_handle;
-  if (auto e = check_pieces(*imp, pieces)) return e;
+  std::size_t bytes = 0;
+  if (errc e = check_pieces(*imp, pieces, bytes); e != errc::ok) return e;
   if (!imp->map || pieces.empty()) return false;
   std::shared_lock state(imp->state_mutex);
   if (imp->revoked) return errc::unknown_handle;
-  copy_pieces(count, *imp, pieces, options.notify);
+  // Counted before the copies: a locked add after them would wait for the
+  // copies' cache lines to arrive.
+  count_send(count, bytes, options.notify, pieces.size());
+  copy_pieces(*imp, pieces);
   if (options.notify) {
     const send_piece& last = pieces.back();
     notify_record rec{imp->export_id, 0, last.offset, last.length, options.value};
@@ -93,6 +100,23 @@ result<bool> context::impl::send_gathered(import_handle handle,
 
 // ------------------------------------------------------------------ sender
 
+std::shared_ptr<sender_tally> context::impl::new_tally() {
+  auto tally = std::make_shared<sender_tally>();
+  std::lock_guard lock(tallies_mutex);
+  std::erase_if(tallies, [this](const std::shared_ptr<sender_tally>& t) {
+    if (t.use_count() > 1) return false;
+    // Its sender is gone (the fence pairs with the release in the sender's
+    // shared_ptr destructor): its counts are final.
+    std::atomic_thread_fence(std::memory_order_acquire);
+    count.sends.fetch_add(t->sends.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    count.bytes_sent.fetch_add(t->bytes_sent.load(std::memory_order_relaxed),
+                               std::memory_order_relaxed);
+    return true;
+  });
+  tallies.push_back(tally);
+  return tally;
+}
+
 result<sender> context::bind(import_handle to) {
   auto imp = impl_->find_import(to);
   if (!imp) return errc::unknown_handle;
@@ -100,6 +124,7 @@ result<sender> context::bind(import_handle to) {
   s.owner_ = this;
   s.handle_ = to;
   s.import_ = std::move(imp);
+  s.tally_ = impl_->new_tally();
   return s;
 }
 
@@ -117,11 +142,13 @@ status sender::send(std::span<const send_piece> pieces, send_options options) {
     return errc::unknown_handle;
   // Notifications and the fabric path take the general route.
   if (!imp.map || options.notify) return owner_->send(handle_, pieces, options);
-  if (auto e = check_pieces(imp, pieces)) return e;
+  std::size_t bytes = 0;
+  if (errc e = check_pieces(imp, pieces, bytes); e != errc::ok) return e;
   // No lock: a release or revocation swaps the mapped pages for private ones
   // (mapping::retire) before it completes, so a copy racing with it is lost,
   // never misplaced.
-  copy_pieces(owner_->impl_->count, imp, pieces, false);
+  tally_->add(pieces.size(), bytes);
+  copy_pieces(imp, pieces);
   return {};
 }
 
@@ -132,7 +159,7 @@ result<std::shared_ptr<op>> context::impl::start_transfer(import_handle handle,
                                                           void* user_context) {
   import_ptr imp = find_import(handle);
   if (!imp) return errc::unknown_handle;
-  if (auto e = check_range(*imp, offset, buffer, length, is_send)) return e;
+  if (errc e = check_range(*imp, offset, buffer, length, is_send); e != errc::ok) return e;
 
   std::shared_lock state(imp->state_mutex);
   if (imp->revoked) return errc::unknown_handle;

@@ -414,6 +414,33 @@ TEST_P(Model, SenderSendsUntilTheImportIsReleased) {
   EXPECT_TRUE(core::sender{}.send(0, a.data(), 8).is(errc::unknown_handle));
 }
 
+// Pieces that continue each other go as one write on the fabric path; the
+// counts stay per piece, and stay counted once their sender is gone.
+TEST_P(Model, GatheredPiecesLandAndAreCountedOncePerPiece) {
+  guarded_region region(exporter(), 4096, GetParam().mappable);
+  auto h = export_and_import(region, "gathered");
+  auto a = pattern(40, 5), b = pattern(24, 6);
+  const std::uint64_t flag = 9;
+  const core::send_piece pieces[] = {
+      {16, a.data(), a.size()}, {56, b.data(), b.size()}, {80, nullptr, 0}, {0, &flag, 8}};
+  const core::counters before = importer().stats();
+  {
+    auto sender = importer().bind(h);
+    ASSERT_TRUE(sender);
+    ASSERT_TRUE(sender->send(pieces).ok());
+  }
+  ASSERT_TRUE(importer().send(h, pieces).ok());
+  auto again = importer().bind(h);  // folds the first sender's counts
+  ASSERT_TRUE(again);
+  const core::counters after = importer().stats();
+  EXPECT_EQ(after.sends, before.sends + 8);
+  EXPECT_EQ(after.bytes_sent, before.bytes_sent + 2 * (40 + 24 + 8));
+  EXPECT_EQ(await_word(region.data()), flag);
+  EXPECT_EQ(std::memcmp(region.data() + 16, a.data(), a.size()), 0);
+  EXPECT_EQ(std::memcmp(region.data() + 56, b.data(), b.size()), 0);
+  EXPECT_TRUE(region.guards_intact());
+}
+
 // A sender takes no lock on the mapped path: revocation must still leave the
 // exporter's reused memory untouched.
 TEST_P(Model, UnexportRevokesSenders) {

@@ -155,6 +155,7 @@ struct counters {
 class context;
 namespace detail {
 struct import_entry;
+struct sender_tally;
 }
 
 // A send path bound to one import, for code that sends to it in a loop: the
@@ -176,6 +177,7 @@ class sender {
   context* owner_ = nullptr;
   import_handle handle_{};
   std::shared_ptr<detail::import_entry> import_;
+  std::shared_ptr<detail::sender_tally> tally_;
 };
 
 class context {
