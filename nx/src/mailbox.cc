@@ -93,22 +93,19 @@ result<bool> mailbox::try_send(const wire::header& h, const void* payload) {
   const std::size_t slot = offsetof(mailbox_area, slots) + (sent_ % mailbox_slots) * sizeof(mailbox_slot);
   // Counted before it is written: a peer arming to sleep must learn of it.
   store(area_->own_sent, sent_ + 1);
-  // Header and payload contiguous as in the slot, then the stamp that
-  // validates them, in one gathered send: on the mapped path the stamp
-  // follows the message at once.
-  struct {
-    wire::header h;
-    std::byte payload[wire::mailbox_payload_max];
-  } body;
-  static_assert(sizeof body == sizeof(mailbox_slot) - offsetof(mailbox_slot, h));
-  body.h = h;
-  if (length) std::memcpy(body.payload, payload, length);
+  // Header, payload, then the stamp that validates them, in one gathered
+  // send: on the mapped path the stamp follows the message at once.
   const std::uint64_t stamp = sent_ + 1;
-  const core::send_piece pieces[] = {
-      {slot + offsetof(mailbox_slot, h), &body, sizeof h + length},
-      {slot + offsetof(mailbox_slot, stamp), &stamp, sizeof stamp}};
-  if (status s = to_peer_.send(pieces); !s) return s.error();
+  core::send_piece pieces[3];
+  std::size_t n = 0;
+  pieces[n++] = {slot + offsetof(mailbox_slot, h), &h, sizeof h};
+  if (length) pieces[n++] = {slot + offsetof(mailbox_slot, payload), payload, length};
+  pieces[n++] = {slot + offsetof(mailbox_slot, stamp), &stamp, sizeof stamp};
+  if (status s = to_peer_.send(std::span(pieces, n)); !s) return s.error();
   ++sent_;
+  // Credits are read behind the message, while it travels, rather than in
+  // front of the next one: the peer wrote them, so the read is a miss.
+  if (sent_ - credit_ >= mailbox_slots / 2) credit_ = load(area_->credit);
   return true;
 }
 

@@ -60,13 +60,12 @@ const char* describe(int code) {
   }
 }
 
-runtime* the_runtime = nullptr;
-
 }  // namespace
 
 [[noreturn]] void fatal(const char* call, int code) {
-  long node = the_runtime ? the_runtime->node() : -1L;
-  long peer = the_runtime ? the_runtime->failed_node() : -1L;
+  runtime* rt = runtime::current();
+  long node = rt ? rt->node() : -1L;
+  long peer = rt ? rt->failed_node() : -1L;
   if (peer >= 0 && (code == EQNODEGONE || code == EQFAIL))
     std::fprintf(stderr, "nx: node %ld: %s: %s (node %ld)\n", node, call, describe(code), peer);
   else
@@ -77,17 +76,15 @@ runtime* the_runtime = nullptr;
 
 // ---------------------------------------------------------------- start-up
 
-runtime& runtime::instance() {
-  if (!the_runtime) {
-    auto* r = new runtime;
-    the_runtime = r;
-    if (!r->start()) {
-      std::fprintf(stderr, "nx: cannot join the job\n");
-      std::_Exit(1);
-    }
-    std::atexit(finish_at_exit);
+runtime& runtime::start_instance() {
+  auto* r = new runtime;
+  current_ = r;
+  if (!r->start()) {
+    std::fprintf(stderr, "nx: cannot join the job\n");
+    std::_Exit(1);
   }
-  return *the_runtime;
+  std::atexit(finish_at_exit);
+  return *r;
 }
 
 bool runtime::start() {
@@ -195,7 +192,7 @@ bool runtime::start() {
 }
 
 void runtime::finish_at_exit() {
-  if (the_runtime) the_runtime->finish();
+  if (current_) current_->finish();
 }
 
 // An orderly end: what is queued goes out (bounded), then each stream ends,
@@ -330,7 +327,7 @@ int runtime::send(space where, long type, const void* data, long count, long nod
 // One message toward node j: into its mailbox when small and a slot is free
 // (done at once), else onto the stream, written now when nothing is queued
 // ahead of it and a blocking sender waits.
-int runtime::send_to(long j, wire::header header, const std::byte* data, std::size_t length,
+int runtime::send_to(long j, wire::header& header, const std::byte* data, std::size_t length,
                      request* r, long& queued) {
   peer& p = peers_[static_cast<std::size_t>(j)];
   header.sequence = p.next_sequence++;
@@ -731,7 +728,7 @@ void runtime::check_peers() {
 
 // ---------------------------------------------------------------- handlers, control
 
-void runtime::run_handlers() {
+void runtime::run_due_handlers() {
   if (masked_ || in_handler_) return;
   in_handler_ = true;
   while (!handlers_due_.empty() && !masked_) {

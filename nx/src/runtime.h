@@ -75,7 +75,8 @@ class runtime {
  public:
   // The node's runtime, started at the first NX call; prints the reason and
   // exits with status 1 if the job cannot be joined.
-  static runtime& instance();
+  static runtime& instance() { return current_ ? *current_ : start_instance(); }
+  static runtime* current() { return current_; }  // null before the first NX call
   ~runtime();
 
   long node() const { return node_; }
@@ -103,7 +104,9 @@ class runtime {
 
   void progress();
   // Runs handlers of completed hrecv's unless masked or already inside one.
-  void run_handlers();
+  void run_handlers() {
+    if (!handlers_due_.empty()) run_due_handlers();
+  }
   long mask(long state);
   int kill_node(long node);
   // Sequence number of the next collective (the same on every node).
@@ -148,7 +151,9 @@ class runtime {
   };
 
   runtime() = default;
+  static runtime& start_instance();
   bool start();
+  void run_due_handlers();
   void finish();
   static void finish_at_exit();
 
@@ -161,8 +166,8 @@ class runtime {
   bool take_whole(long from, std::size_t ready);
   bool take_mail(long from);
   void deliver_whole(long from, const wire::header& h, const std::byte* payload);
-  int send_to(long j, wire::header header, const std::byte* data, std::size_t length,
-              request* r, long& queued);
+  int send_to(long j, wire::header& header, const std::byte* data, std::size_t length, request* r,
+              long& queued);
   void begin_message(long from, const wire::header& h);
   void bind(peer& p, request* r, std::size_t already);
   void finish_message(peer& p);
@@ -174,6 +179,7 @@ class runtime {
   template <class Ready>
   int wait_until(Ready ready);
 
+  static inline runtime* current_ = nullptr;  // this process's node, once started
   std::unique_ptr<bootstrap> boot_;
   std::optional<core::context> context_;
   std::unique_ptr<doorbell> bell_;
