@@ -66,7 +66,9 @@ int post(long typesel, char* buf, long count, long nodesel, long ptypesel, long*
 int finish_receive(request* req, long* count_out = nullptr) {
   runtime& r = rt();
   int e = r.wait(req);
-  if (req->done) {
+  const bool received = req->done;
+  if (!received) r.abandon(req);  // a failed receive takes no later message
+  if (received) {
     set_msginfo(req->got);
     if (count_out) *count_out = req->got.count;
   }

@@ -30,7 +30,9 @@ int recv_internal(runtime& r, long tag, long from, void* buf, std::size_t bytes,
                          nullptr, false);
   if (e) return e;
   e = r.wait(req);
-  if (count) *count = req->got.count;
+  const bool received = req->done;
+  if (!received) r.abandon(req);  // `buf` may not outlive this call
+  if (received && count) *count = req->got.count;
   r.release(req);
   return e;
 }
@@ -45,17 +47,27 @@ int all_reduce(void* x, std::size_t bytes, Combine combine) {
   runtime& r = runtime::instance();
   const long n = r.nodes(), me = r.node(), tag = r.next_collective();
   if (n == 1) return 0;
-  std::vector<char> other(bytes);
+  // The partner's contribution: on the stack when small (gdsum of a few values).
+  char small[256];
+  std::vector<char> large(bytes > sizeof small ? bytes : 0);
+  char* other = large.empty() ? small : large.data();
   if ((n & (n - 1)) == 0) {
     for (long bit = 1; bit < n; bit <<= 1) {
       const long partner = me ^ bit;
-      request* out = nullptr;
-      int e = r.send(space::internal, tag, x, static_cast<long>(bytes), partner, &out);
-      if (!e) e = recv_internal(r, tag, partner, other.data(), bytes);
-      if (!e) e = r.wait(out);
-      if (out) r.release(out);
+      // The partner's part finds its receive posted (no arrival buffer);
+      // posting takes no progress pass, so ours still leaves at once. The
+      // send returns once ours is copied out: waiting drains every channel,
+      // so two large sends cannot block each other.
+      request* in = nullptr;
+      int e = r.post_receive({space::internal, tag, partner, -1}, other, static_cast<long>(bytes),
+                             in, nullptr, false);
       if (e) return e;
-      combine(static_cast<char*>(x), other.data());
+      e = send_internal(r, tag, partner, x, bytes);
+      if (!e) e = r.wait(in);
+      if (!in->done) r.abandon(in);  // `other` does not outlive this call
+      r.release(in);
+      if (e) return e;
+      combine(static_cast<char*>(x), other);
     }
     return 0;
   }
@@ -64,8 +76,8 @@ int all_reduce(void* x, std::size_t bytes, Combine combine) {
     return recv_internal(r, tag, 0, x, bytes);
   }
   for (long from = 1; from < n; ++from) {
-    if (int e = recv_internal(r, tag, from, other.data(), bytes)) return e;
-    combine(static_cast<char*>(x), other.data());
+    if (int e = recv_internal(r, tag, from, other, bytes)) return e;
+    combine(static_cast<char*>(x), other);
   }
   return send_internal(r, tag, -1, x, bytes);
 }

@@ -287,6 +287,18 @@ bool runtime::cancel(request* r) {
   return true;
 }
 
+void runtime::abandon(request* r) {
+  if (r->done || r->is_send || cancel(r)) return;
+  for (peer& p : peers_) {
+    if (p.receiver != r || p.posting) continue;
+    p.receiver = nullptr;
+    p.destination = nullptr;
+    p.destination_left = 0;
+    r->done = true;
+    r->error = EQFAIL;
+  }
+}
+
 // ---------------------------------------------------------------- sending
 
 int runtime::send(space where, long type, const void* data, long count, long node,
@@ -427,7 +439,8 @@ int runtime::post_receive(const selector& sel, void* buffer, long count, request
     r->hparam = how->hparam;
   }
   out = r;
-  progress();
+  // Messages already taken in come first; one still in a mailbox or ring is
+  // younger than all of them and is matched when progress takes it in.
   for (auto it = arrivals_.begin(); it != arrivals_.end(); ++it) {
     if (!sel.matches(it->where, it->what)) continue;
     std::size_t n = std::min(it->received, r->capacity);

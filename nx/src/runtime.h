@@ -99,6 +99,10 @@ class runtime {
   int probe(const selector& sel, bool block, bool& found, info& out);
   // Withdraws an unmatched receive / an unstarted send; false if too late.
   bool cancel(request* r);
+  // After a failed wait, when the receive's buffer is about to go away: the
+  // receive is withdrawn, or the rest of its arriving message is discarded.
+  // Only a buffer posted on a channel (fabric path) stays in use.
+  void abandon(request* r);
   request* find(long mid);
   void release(request* r);  // the caller is done with r (frees it once done)
 
