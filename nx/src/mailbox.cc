@@ -128,12 +128,15 @@ const mailbox_slot* mailbox::next() {
 
 void mailbox::consume() {
   ++taken_;
-  // Credits go back a quarter of the slots at a time: the writer falls back
-  // to the stream meanwhile, so it never waits for them.
-  if (taken_ - credited_ >= mailbox_slots / 4 && attached_) {
-    put(offsetof(mailbox_area, credit), taken_);
-    credited_ = taken_;
-  }
+  // A reader kept busy returns credits every half of the slots; the writer
+  // falls back to the stream meanwhile, so it never waits for them.
+  if (taken_ - credited_ >= mailbox_slots / 2) give_credit();
+}
+
+void mailbox::give_credit() {
+  if (!attached_) return;
+  put(offsetof(mailbox_area, credit), taken_);
+  credited_ = taken_;
 }
 
 bool mailbox::prepare_sleep() {

@@ -57,6 +57,7 @@ class mailbox {
 
  private:
   void put(std::size_t offset, std::uint64_t value);
+  void give_credit();
 
   core::context& ctx_;
   std::string name_;
