@@ -123,10 +123,23 @@ bool mailbox::peer_wants_wakeup() {
 
 const mailbox_slot* mailbox::next() {
   const mailbox_slot& s = area_->slots[taken_ % mailbox_slots];
-  return load(s.stamp) == taken_ + 1 ? &s : nullptr;
+  if (load(s.stamp) == taken_ + 1) return &s;
+  // Not there yet. While polling, pull in the slot's further lines, as many
+  // as the last message had (the next is likely the same size): read after
+  // the stamp, each would cost one more transfer between the cores in turn
+  // (64 B one-way 0.49 against 0.36 us in a C model of this protocol).
+  // Prefetching never faults, and a line the writer then takes is simply
+  // fetched again.
+  const auto* line = reinterpret_cast<const char*>(&s);
+  for (std::size_t l = 1; l <= prefetch_lines_; ++l) __builtin_prefetch(line + 64 * l);
+  return nullptr;
 }
 
-void mailbox::consume() {
+void mailbox::consume(std::size_t length) {
+  // Past 8 lines, prefetching races the writer still copying the rest (a
+  // 1 KiB message measured slower with it).
+  const std::size_t lines = (offsetof(mailbox_slot, payload) + length + 63) / 64 - 1;
+  prefetch_lines_ = lines <= 8 ? lines : 0;
   ++taken_;
   // A reader kept busy returns credits every half of the slots; the writer
   // falls back to the stream meanwhile, so it never waits for them.

@@ -49,8 +49,8 @@ class mailbox {
   // --- reading from the peer ---
   // The next message, or null when none has landed yet.
   const wire::mailbox_slot* next();
-  // Releases the slot `next()` returned.
-  void consume();
+  // Releases the slot `next()` returned, which held `length` payload bytes.
+  void consume(std::size_t length);
   // Arms the peer to ring us when it writes again; false when a message is
   // already on its way (poll instead of sleeping).
   bool prepare_sleep();
@@ -75,6 +75,7 @@ class mailbox {
   std::uint64_t taken_ = 0;       // messages consumed from our slots
   std::uint64_t credited_ = 0;    // `taken_` as last told to the peer
   std::uint64_t arm_epoch_ = 0;   // our arming, as last written to the peer
+  std::size_t prefetch_lines_ = 0;  // slot lines past the stamp's to pull in while polling
 };
 
 }  // namespace vmmc::nx::detail

@@ -582,7 +582,7 @@ bool runtime::take_mail(long from) {
     return false;
   }
   deliver_whole(from, h, slot->payload);
-  p.mail->consume();  // the slot was copied out
+  p.mail->consume(static_cast<std::size_t>(h.length));  // the slot was copied out
   return true;
 }
 
