@@ -79,9 +79,15 @@ int finish_receive(request* req, long* count_out = nullptr) {
 
 int do_recv(long typesel, char* buf, long count, long nodesel, long ptypesel, long* info_out,
             long* count_out = nullptr) {
-  request* req;
-  if (int e = post(typesel, buf, count, nodesel, ptypesel, info_out, req, nullptr, false)) return e;
-  return finish_receive(req, count_out);
+  runtime& r = rt();
+  info got;
+  int e = r.receive({space::user, typesel, nodesel, ptypesel}, buf, count, info_out, got);
+  if (e == 0 || e == EQMSGLONG) {
+    set_msginfo(got);
+    if (count_out) *count_out = got.count;
+  }
+  r.run_handlers();
+  return e;
 }
 
 int do_irecv(long typesel, char* buf, long count, long nodesel, long ptypesel, long* info_out,

@@ -25,15 +25,9 @@ using vmmc::nx::detail::space;
 
 int recv_internal(runtime& r, long tag, long from, void* buf, std::size_t bytes,
                   long* count = nullptr) {
-  request* req = nullptr;
-  int e = r.post_receive({space::internal, tag, from, -1}, buf, static_cast<long>(bytes), req,
-                         nullptr, false);
-  if (e) return e;
-  e = r.wait(req);
-  const bool received = req->done;
-  if (!received) r.abandon(req);  // `buf` may not outlive this call
-  if (received && count) *count = req->got.count;
-  r.release(req);
+  vmmc::nx::detail::info got;
+  int e = r.receive({space::internal, tag, from, -1}, buf, static_cast<long>(bytes), nullptr, got);
+  if ((e == 0 || e == EQMSGLONG) && count) *count = got.count;
   return e;
 }
 

@@ -37,6 +37,15 @@ struct registrar {
 } const register_once;
 
 constexpr std::size_t header_bytes = sizeof(wire::header);
+
+// A spin-wait hint between polls of memory another core writes.
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
 constexpr std::size_t gather_max = 4096;  // header and payload copied in one write
 
 const char* describe(int code) {
@@ -423,11 +432,16 @@ void runtime::sent_one(request* owner) {
 
 // ---------------------------------------------------------------- receiving
 
-int runtime::post_receive(const selector& sel, void* buffer, long count, request*& out,
-                          const request* how, bool tracked) {
+int runtime::check_receive(const selector& sel, const void* buffer, long count) const {
   if (sel.type < -1 || sel.type > 0x7fffffffL) return EQTYPE;
   if (count < 0 || (count > 0 && !buffer)) return EQLEN;
   if (sel.node < -1 || sel.node >= nodes_) return EQBADNODE;
+  return 0;
+}
+
+int runtime::post_receive(const selector& sel, void* buffer, long count, request*& out,
+                          const request* how, bool tracked) {
+  if (int e = check_receive(sel, buffer, count)) return e;
   request* r = new_request(false, tracked);
   r->sel = sel;
   r->buffer = static_cast<std::byte*>(buffer);
@@ -675,6 +689,75 @@ int runtime::probe(const selector& sel, bool block, bool& found, info& out) {
   progress();
   if (look() || !block) return failure_;
   return wait_until(look);
+}
+
+int runtime::receive(const selector& sel, void* buffer, long count, long* user_info, info& got) {
+  if (int e = check_receive(sel, buffer, count)) return e;
+  int error = 0;
+  if (receive_from_mailbox(sel, static_cast<std::byte*>(buffer), static_cast<std::size_t>(count),
+                           got, error)) {
+    if (user_info) {
+      user_info[NX_INFO_TYPE] = got.type;
+      user_info[NX_INFO_COUNT] = got.count;
+      user_info[NX_INFO_NODE] = got.node;
+      user_info[NX_INFO_PTYPE] = got.ptype;
+    }
+    return error;
+  }
+  request how;
+  how.user_info = user_info;
+  request* r = nullptr;
+  if (int e = post_receive(sel, buffer, count, r, &how, false)) return e;
+  int e = wait(r);
+  if (r->done)
+    got = r->got;
+  else
+    abandon(r);  // `buffer` is the caller's again: it takes no later message
+  release(r);
+  return e;
+}
+
+// The fast path of a blocking receive, for a node with nothing pending: no
+// message taken in but unclaimed, no other receive posted, no stream
+// message half read or queued to send. It polls the mailboxes briefly and
+// takes the next message if it is there and matches; anything else (a
+// stream message next, one that does not match, a quiet peer) is left to
+// the general path. A full progress pass per poll is slow to notice an
+// arrival, and a poll without a pause in between slows the writer's
+// ownership request for the line down: 0-byte one-way 0.35 -> 0.26 us.
+bool runtime::receive_from_mailbox(const selector& sel, std::byte* buffer, std::size_t capacity,
+                                   info& got, int& error) {
+  if (!arrivals_.empty() || !posted_.empty() || !handlers_due_.empty() || failure_ ||
+      oversubscribed_)
+    return false;
+  for (int round = 0; round < 100; ++round) {  // ~2-4 us, then the general path
+    for (long j = 0; j < nodes_; ++j) {
+      if (j == node_) continue;
+      peer& p = peers_[static_cast<std::size_t>(j)];
+      if (p.in_body || p.header_got || !p.queue.empty()) return false;
+      const wire::mailbox_slot* slot = p.mail->next();
+      if (!slot) {
+        if (p.channel->readable()) return false;
+        continue;
+      }
+      const wire::header h = slot->h;
+      if (h.sequence != p.expected || !wire::valid(h)) return false;
+      const auto length = static_cast<std::size_t>(h.length);
+      const info m{static_cast<long>(h.type), static_cast<long>(h.length), j,
+                   static_cast<long>(h.ptype)};
+      if (length > wire::mailbox_payload_max || !sel.matches(static_cast<space>(h.space), m))
+        return false;
+      ++p.expected;
+      if (length && capacity) std::memcpy(buffer, slot->payload, std::min(length, capacity));
+      p.mail->consume(length);
+      got = m;
+      error = length > capacity ? EQMSGLONG : 0;
+      return true;
+    }
+    cpu_relax();
+    cpu_relax();
+  }
+  return false;
 }
 
 // ---------------------------------------------------------------- waiting

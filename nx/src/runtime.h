@@ -93,6 +93,11 @@ class runtime {
   // Without `tracked` the request has no mid (blocking receives).
   int post_receive(const selector& sel, void* buffer, long count, request*& out,
                    const request* how = nullptr, bool tracked = true);
+  // A blocking receive: returns once the message is in `buffer` (0, or
+  // EQMSGLONG when only the first `count` bytes fit) or the job failed; `got`
+  // then describes it, and `user_info` (may be null) is filled as by the x
+  // forms.
+  int receive(const selector& sel, void* buffer, long count, long* user_info, info& got);
   // Blocks until `r` is done (or a node died); does not release it.
   int wait(request* r);
   // Looks for an arrived message; with `block`, waits for one.
@@ -167,6 +172,9 @@ class runtime {
   int write_some(peer& p, outgoing& o);
   int write_failed(peer& p, std::error_code error);
   void drain(long from);
+  int check_receive(const selector& sel, const void* buffer, long count) const;
+  bool receive_from_mailbox(const selector& sel, std::byte* buffer, std::size_t capacity, info& got,
+                            int& error);
   bool take_whole(long from, std::size_t ready);
   bool take_mail(long from);
   void deliver_whole(long from, const wire::header& h, const std::byte* payload);

@@ -8,8 +8,9 @@
 //   nx/bandwidth     the same ping-pong as bytes per one-way time
 //   nx/gdsum_<N>p    gdsum of one double vs MPI_Allreduce, N = 2 and 4 processes
 //   nx/gsync_<N>p    gsync vs MPI_Barrier
-// Each figure is the best of the runs' medians (1 run each with --quick, 3
-// otherwise). options::providers is ignored: nx uses the same-host path.
+// Each figure is the best of 3 alternating runs' medians (loops of ~0.02 s
+// with --quick, ~0.15 s otherwise). options::providers is ignored: nx uses
+// the same-host path.
 #pragma once
 
 #include <vector>

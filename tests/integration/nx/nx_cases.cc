@@ -297,6 +297,25 @@ void errors_and_limits() {
     long mid = _irecv(81, small, 10);
     CHECK(mid > 0 && _msgwait(mid) == -1 && errno == EQMSGLONG);
   }
+  // The same while the receiver already waits (its mailbox fast path), and
+  // a message it does not want arriving first (left to the general path).
+  gsync();
+  if (me == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    auto a = payload(9, 100);
+    csend(82, a.data(), 100, 1, 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    csend(83, a.data(), 3, 1, 0);
+    csend(84, a.data(), 5, 1, 0);
+  } else if (me == 1) {
+    char small[10] = {};
+    long info[4] = {};
+    CHECK(_crecvx(82, small, 10, 0, -1, info) == -1 && errno == EQMSGLONG);
+    CHECK(is_payload(small, 9, 10) && infocount() == 100 && infonode() == 0);
+    CHECK(info[NX_INFO_TYPE] == 82 && info[NX_INFO_COUNT] == 100 && info[NX_INFO_NODE] == 0);
+    CHECK(_crecv(84, small, 10) == 5 && infotype() == 84);
+    CHECK(_crecv(83, small, 10) == 3 && infotype() == 83 && is_payload(small, 9, 3));
+  }
   CHECK(_csend(1, nullptr, 0, nodes, 0) == -1 && errno == EQBADNODE);
   CHECK(_csend(-5, nullptr, 0, 0, 0) == -1 && errno == EQTYPE);
   CHECK(_crecv(1, nullptr, -1) == -1 && errno == EQLEN);
