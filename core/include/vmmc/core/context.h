@@ -159,10 +159,10 @@ struct sender_tally;
 }
 
 // A send path bound to one import, for code that sends to it in a loop: the
-// handle is looked up once, and on the mapped path a send takes no lock (a
-// locked instruction right after a copy into another process's memory would
-// wait for those cache lines to arrive). Same checks and errors as
-// context::send; once the import is released or revoked every send fails
+// handle is looked up once, and on the mapped path a send takes no lock and
+// no locked instruction, not even for its counts (one waits for earlier
+// copies into another process's memory to arrive). Same checks and errors
+// as context::send; once the import is released or revoked every send fails
 // with unknown_handle. Use from one thread at a time, and not after the
 // context is destroyed.
 class sender {
