@@ -27,18 +27,7 @@ runtime& rt() {
 }
 
 void set_msginfo(const info& m) {
-  msginfo[NX_INFO_TYPE] = m.type;
-  msginfo[NX_INFO_COUNT] = m.count;
-  msginfo[NX_INFO_NODE] = m.node;
-  msginfo[NX_INFO_PTYPE] = m.ptype;
-}
-
-void copy_info(long* to, const info& m) {
-  if (!to) return;
-  to[NX_INFO_TYPE] = m.type;
-  to[NX_INFO_COUNT] = m.count;
-  to[NX_INFO_NODE] = m.node;
-  to[NX_INFO_PTYPE] = m.ptype;
+  m.store(msginfo);
 }
 
 // The operations, each returning an NX code; results through out-parameters.
@@ -66,11 +55,11 @@ int post(long typesel, char* buf, long count, long nodesel, long ptypesel, long*
 int finish_receive(request* req, long* count_out = nullptr) {
   runtime& r = rt();
   int e = r.wait(req);
-  const bool received = req->done;
-  if (!received) r.abandon(req);  // a failed receive takes no later message
-  if (received) {
+  if (req->done) {
     set_msginfo(req->got);
     if (count_out) *count_out = req->got.count;
+  } else {
+    r.abandon(req);  // a failed receive takes no later message
   }
   r.release(req);
   r.run_handlers();
@@ -179,7 +168,7 @@ int do_probe(long typesel, long nodesel, long ptypesel, long* info_out, bool blo
   int e = rt().probe({space::user, typesel, nodesel, ptypesel}, block, found, m);
   if (found) {
     set_msginfo(m);
-    copy_info(info_out, m);
+    m.store(info_out);
   }
   if (found_out) *found_out = found ? 1 : 0;
   rt().run_handlers();

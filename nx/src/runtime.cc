@@ -37,6 +37,7 @@ struct registrar {
 } const register_once;
 
 constexpr std::size_t header_bytes = sizeof(wire::header);
+constexpr std::size_t gather_max = 4096;  // header and payload copied in one write
 
 // A spin-wait hint between polls of memory another core writes.
 inline void cpu_relax() {
@@ -46,7 +47,6 @@ inline void cpu_relax() {
   asm volatile("yield");
 #endif
 }
-constexpr std::size_t gather_max = 4096;  // header and payload copied in one write
 
 const char* describe(int code) {
   switch (code) {
@@ -643,12 +643,7 @@ void runtime::complete_receive(request* r, const info& m, space) {
   r->got = m;
   r->error = static_cast<std::size_t>(m.count) > r->capacity ? EQMSGLONG : 0;
   r->done = true;
-  if (r->user_info) {
-    r->user_info[NX_INFO_TYPE] = m.type;
-    r->user_info[NX_INFO_COUNT] = m.count;
-    r->user_info[NX_INFO_NODE] = m.node;
-    r->user_info[NX_INFO_PTYPE] = m.ptype;
-  }
+  m.store(r->user_info);
   if (r->handler || r->handlerx) {
     handlers_due_.push_back(r);
   } else if (r->released) {
@@ -696,12 +691,7 @@ int runtime::receive(const selector& sel, void* buffer, long count, long* user_i
   int error = 0;
   if (receive_from_mailbox(sel, static_cast<std::byte*>(buffer), static_cast<std::size_t>(count),
                            got, error)) {
-    if (user_info) {
-      user_info[NX_INFO_TYPE] = got.type;
-      user_info[NX_INFO_COUNT] = got.count;
-      user_info[NX_INFO_NODE] = got.node;
-      user_info[NX_INFO_PTYPE] = got.ptype;
-    }
+    got.store(user_info);
     return error;
   }
   request how;

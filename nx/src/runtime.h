@@ -40,6 +40,14 @@ enum class space : std::uint8_t { user = 1, internal = 2 };
 
 struct info {
   long type = 0, count = 0, node = 0, ptype = 0;
+  // Into an NX info array (msginfo, the x forms' info[]); null: nowhere.
+  void store(long* to) const {
+    if (!to) return;
+    to[NX_INFO_TYPE] = type;
+    to[NX_INFO_COUNT] = count;
+    to[NX_INFO_NODE] = node;
+    to[NX_INFO_PTYPE] = ptype;
+  }
 };
 
 // Which messages a receive or probe accepts; -1 = any (any non-FORCE type).
