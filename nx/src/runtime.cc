@@ -299,13 +299,27 @@ bool runtime::cancel(request* r) {
 void runtime::abandon(request* r) {
   if (r->done || r->is_send || cancel(r)) return;
   for (peer& p : peers_) {
-    if (p.receiver != r || p.posting) continue;
+    if (p.receiver != r) continue;
+    if (p.posting) {
+      // The sender may still place the rest there.
+      const std::byte* ours = collective_buffer_.data();
+      if (r->buffer >= ours && r->buffer < ours + collective_buffer_.size()) {
+        kept_.push_back(std::move(collective_buffer_));
+        collective_buffer_ = {};
+      }
+      continue;
+    }
     p.receiver = nullptr;
     p.destination = nullptr;
     p.destination_left = 0;
     r->done = true;
     r->error = EQFAIL;
   }
+}
+
+std::byte* runtime::collective_buffer(std::size_t bytes) {
+  if (collective_buffer_.size() < bytes) collective_buffer_.resize(bytes);
+  return collective_buffer_.data();
 }
 
 // ---------------------------------------------------------------- sending

@@ -114,8 +114,11 @@ class runtime {
   bool cancel(request* r);
   // After a failed wait, when the receive's buffer is about to go away: the
   // receive is withdrawn, or the rest of its arriving message is discarded.
-  // Only a buffer posted on a channel (fabric path) stays in use.
+  // Only a buffer posted on a channel (fabric path) stays in use: if it is
+  // collective_buffer(), that one is kept for good (a fresh one is made).
   void abandon(request* r);
+  // A buffer of at least `bytes` for a collective's incoming parts, reused.
+  std::byte* collective_buffer(std::size_t bytes);
   request* find(long mid);
   void release(request* r);  // the caller is done with r (frees it once done)
 
@@ -219,6 +222,8 @@ class runtime {
   std::chrono::microseconds spin_{0};
   bool oversubscribed_ = false;
   std::vector<std::byte> scratch_;
+  std::vector<std::byte> collective_buffer_;
+  std::vector<std::vector<std::byte>> kept_;  // posted when their receive failed
 };
 
 // Prints "nx: <call>: <reason>" and exits with status 1 (peers see this
