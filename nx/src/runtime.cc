@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -38,6 +39,23 @@ struct registrar {
 
 constexpr std::size_t header_bytes = sizeof(wire::header);
 constexpr std::size_t gather_max = 4096;  // header and payload copied in one write
+
+// The CPUs this process may run on, as "0,1,5".
+std::string allowed_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::string list;
+  if (::sched_getaffinity(0, sizeof set, &set) == 0)
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) list += (list.empty() ? "" : ",") + std::to_string(c);
+  return list.empty() ? "0" : list;
+}
+
+void add_cpus(const std::string& list, std::set<int>& into) {
+  std::istringstream in(list);
+  for (std::string cpu; std::getline(in, cpu, ',');)
+    if (!cpu.empty()) into.insert(std::atoi(cpu.c_str()));
+}
 
 // A spin-wait hint between polls of memory another core writes.
 inline void cpu_relax() {
@@ -102,10 +120,6 @@ bool runtime::start() {
   node_ = boot_->rank;
   nodes_ = boot_->size;
   if (node_ < 0 || node_ >= nodes_) return false;
-  long cores = static_cast<long>(std::max(1u, std::thread::hardware_concurrency()));
-  oversubscribed_ = nodes_ > cores;
-  auto spin = core::setting_integer(spin_us);
-  spin_ = std::chrono::microseconds(spin > 0 ? spin : oversubscribed_ ? 20 : 1000);
 
   // nxrun's nodes share this host: libfabric's shm provider is enough (and
   // opens in ~25 ms where tcp takes ~450 ms), unless the user chose.
@@ -123,9 +137,10 @@ bool runtime::start() {
 
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
-  // "<host> <pid> <context address> <channel descriptor or -> x N <mailbox or -> x N"
-  std::string blob =
-      std::string(host) + " " + std::to_string(::getpid()) + " " + context_->address();
+  // "<host> <pid> <cpus> <context address> <channel descriptor or -> x N <mailbox or -> x N"
+  const std::string my_cpus = allowed_cpus();
+  std::string blob = std::string(host) + " " + std::to_string(::getpid()) + " " + my_cpus + " " +
+                     context_->address();
   std::string mailboxes;
   for (long j = 0; j < nodes_; ++j) {
     if (j == node_) {
@@ -154,15 +169,33 @@ bool runtime::start() {
   std::vector<std::string> all = boot_->all_gather(blob);
   if (all.size() != peers_.size()) return false;
 
+  // More nodes on this host than CPUs they may run on between them (a CPU
+  // set, taskset, more nodes than cores): waiters must yield, not spin.
+  std::set<int> host_cpus;
+  add_cpus(my_cpus, host_cpus);
+  long on_host = 1;
+  for (long j = 0; j < nodes_; ++j) {
+    if (j == node_) continue;
+    std::istringstream in(all[static_cast<std::size_t>(j)]);
+    std::string their_host, cpus;
+    long pid = 0;
+    if (!(in >> their_host >> pid >> cpus) || their_host != host) continue;
+    ++on_host;
+    add_cpus(cpus, host_cpus);
+  }
+  oversubscribed_ = on_host > static_cast<long>(std::max<std::size_t>(1, host_cpus.size()));
+  auto spin = core::setting_integer(spin_us);
+  spin_ = std::chrono::microseconds(spin > 0 ? spin : oversubscribed_ ? 20 : 1000);
+
   auto deadline = clock::now() + std::chrono::milliseconds(core::setting_integer(start_timeout_ms));
   // The lower-numbered node of each pair connects; the other accepts.
   for (long pass = 0; pass < 2; ++pass) {
     for (long j = 0; j < nodes_; ++j) {
       if (j == node_) continue;
       std::istringstream in(all[static_cast<std::size_t>(j)]);
-      std::string their_host, address, descriptor, mailbox_name;
+      std::string their_host, cpus, address, descriptor, mailbox_name;
       long pid = 0;
-      in >> their_host >> pid >> address;
+      in >> their_host >> pid >> cpus >> address;
       for (long k = 0; k < nodes_; ++k) in >> (k == node_ ? descriptor : mailbox_name);
       for (long k = 0; k <= node_; ++k) in >> mailbox_name;
       if (!in) {
