@@ -41,7 +41,10 @@ int all_reduce(void* x, std::size_t bytes, Combine combine) {
   runtime& r = runtime::instance();
   const long n = r.nodes(), me = r.node(), tag = r.next_collective();
   if (n == 1) return 0;
-  char* other = reinterpret_cast<char*>(r.collective_buffer(bytes));  // the others' parts
+  // The partner's contribution: on the stack when small (gdsum of a few values).
+  char small[256];
+  std::vector<char> large(bytes > sizeof small ? bytes : 0);
+  char* other = large.empty() ? small : large.data();
   if ((n & (n - 1)) == 0) {
     for (long bit = 1; bit < n; bit <<= 1) {
       const long partner = me ^ bit;

@@ -334,13 +334,12 @@ void runtime::abandon(request* r) {
   for (peer& p : peers_) {
     if (p.receiver != r) continue;
     if (p.posting) {
-      // The sender may still place the rest there.
-      const std::byte* ours = collective_buffer_.data();
-      if (r->buffer >= ours && r->buffer < ours + collective_buffer_.size()) {
-        kept_.push_back(std::move(collective_buffer_));
-        collective_buffer_ = {};
-      }
-      continue;
+      // Posted on the fabric path: take the post back. If the sender had
+      // already taken it up, the channel cuts the buffer off, and how much of
+      // the stream went there is unknown: nothing more is read from it.
+      auto withdrawn = p.channel->withdraw_post();
+      p.posting = false;
+      if (!withdrawn || !*withdrawn) p.unreadable = true;
     }
     p.receiver = nullptr;
     p.destination = nullptr;
@@ -348,11 +347,6 @@ void runtime::abandon(request* r) {
     r->done = true;
     r->error = EQFAIL;
   }
-}
-
-std::byte* runtime::collective_buffer(std::size_t bytes) {
-  if (collective_buffer_.size() < bytes) collective_buffer_.resize(bytes);
-  return collective_buffer_.data();
 }
 
 // ---------------------------------------------------------------- sending
@@ -534,7 +528,7 @@ void runtime::progress() {
     if (j == node_) continue;
     peer& p = peers_[static_cast<std::size_t>(j)];
     if (!p.queue.empty()) (void)push(p);
-    drain(j);
+    if (!p.unreadable) drain(j);
     if (completed_) return;  // a waiter may be satisfied: let it look first
   }
 }

@@ -113,12 +113,9 @@ class runtime {
   // Withdraws an unmatched receive / an unstarted send; false if too late.
   bool cancel(request* r);
   // After a failed wait, when the receive's buffer is about to go away: the
-  // receive is withdrawn, or the rest of its arriving message is discarded.
-  // Only a buffer posted on a channel (fabric path) stays in use: if it is
-  // collective_buffer(), that one is kept for good (a fresh one is made).
+  // receive is withdrawn, or the rest of its arriving message discarded (a
+  // buffer posted on the fabric path is taken back from the channel).
   void abandon(request* r);
-  // A buffer of at least `bytes` for a collective's incoming parts, reused.
-  std::byte* collective_buffer(std::size_t bytes);
   request* find(long mid);
   void release(request* r);  // the caller is done with r (frees it once done)
 
@@ -168,6 +165,7 @@ class runtime {
     request* receiver = nullptr;
     arrival* pending = nullptr;
     bool posting = false;  // destination is posted on the channel (fabric path)
+    bool unreadable = false;  // a post was cut off mid-message: the stream is lost
   };
 
   runtime() = default;
@@ -222,8 +220,6 @@ class runtime {
   std::chrono::microseconds spin_{0};
   bool oversubscribed_ = false;
   std::vector<std::byte> scratch_;
-  std::vector<std::byte> collective_buffer_;
-  std::vector<std::vector<std::byte>> kept_;  // posted when their receive failed
 };
 
 // Prints "nx: <call>: <reason>" and exits with status 1 (peers see this

@@ -887,6 +887,25 @@ result<receive_result> channel::poll_post() {
   i.post_data = nullptr;
   return **step;
 }
+result<bool> channel::withdraw_post() {
+  impl& i = *impl_;
+  if (!i.post_open || !i.post_data) return errc::invalid_argument;
+  auto withdrawn = i.withdraw_post();
+  if (withdrawn && *withdrawn) {
+    i.post_data = nullptr;
+    return true;
+  }
+  // Taken up, or the peer cannot be reached to ask: cut the buffer off.
+  auto it = std::find_if(i.buffer_exports.begin(), i.buffer_exports.end(),
+                         [&](const impl::buffer_export& b) { return b.base == i.post_data; });
+  if (it != i.buffer_exports.end()) {
+    (void)i.ctx.unexport_buffer(it->handle);
+    i.buffer_exports.erase(it);
+  }
+  i.post_open = false;
+  i.post_data = nullptr;
+  return false;
+}
 bool channel::poll() {
   return impl_->poll();
 }

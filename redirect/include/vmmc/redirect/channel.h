@@ -164,6 +164,14 @@ class channel {
   // unless the ring alone holds them all. Errors: invalid_argument (no post
   // open), peer_gone.
   result<receive_result> poll_post();
+  // Takes the open post back, for a caller whose buffer must not be written
+  // any more (NX after a failed wait). True when the sender had not taken
+  // it up: the bytes stay in the stream and are read as usual. Otherwise
+  // the buffer's export is revoked (once this returns no write of the
+  // sender's lands there), the post is closed and the result is false: the
+  // share of the stream the post took is unknown, so this end of the stream
+  // cannot be read on. Errors: invalid_argument (no post open).
+  result<bool> withdraw_post();
   // Drives progress and takes in what the peer wrote; cheap, no system call on
   // the mapped path. Returns true when something changed for this end
   // (bytes arrived, space freed, hello or end of stream).
