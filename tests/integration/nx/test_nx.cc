@@ -38,13 +38,13 @@ TEST(nx_nxrun, collectives_1_to_4_nodes) {
   for (int n = 1; n <= 4; ++n) EXPECT_EQ(run(nxrun(n, "collectives")), 0) << n << " nodes";
 }
 
-// The same suites over libfabric instead of the mapped path, as between hosts.
 // All nodes confined to one CPU (a CPU set, taskset): they must see that
 // they share it and yield instead of spinning.
 TEST(nx_nxrun, nodes_sharing_one_cpu_yield_to_each_other) {
   EXPECT_EQ(run("taskset -c 0 " + nxrun(2, "pingpong"), 30), 0);
 }
 
+// The same suites over libfabric instead of the mapped path, as between hosts.
 TEST(nx_nxrun, over_fabric_shm) {
   const std::string env = "env VMMC_CORE_MAPPED=0 VMMC_CORE_PROVIDERS=shm ";
   EXPECT_EQ(run(env + nxrun(2, "p2p")), 0);
