@@ -897,7 +897,9 @@ result<bool> channel::withdraw_post() {
   }
   // Taken up, or the peer cannot be reached to ask: cut the buffer off.
   auto it = std::find_if(i.buffer_exports.begin(), i.buffer_exports.end(),
-                         [&](const impl::buffer_export& b) { return b.base == i.post_data; });
+                         [&](const impl::buffer_export& b) {
+                           return b.base == i.post_data && b.length == i.post_length;
+                         });
   if (it != i.buffer_exports.end()) {
     (void)i.ctx.unexport_buffer(it->handle);
     i.buffer_exports.erase(it);
