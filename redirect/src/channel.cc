@@ -235,6 +235,12 @@ class channel::impl {
     core::export_handle handle;
   };
   std::vector<buffer_export> buffer_exports;
+  // The cached export of exactly [data, data + length), or end().
+  std::vector<buffer_export>::iterator cached_export(const std::byte* data, std::size_t length) {
+    return std::find_if(buffer_exports.begin(), buffer_exports.end(), [&](const buffer_export& b) {
+      return b.base == data && b.length == length;
+    });
+  }
 
   std::atomic<std::uint64_t> bytes_sent{0}, bytes_received{0}, bytes_copied{0}, bytes_redirected{0},
       posts{0}, doorbells{0};
@@ -628,9 +634,7 @@ status channel::impl::wait_a_little(clock::time_point deadline, clock::time_poin
 }
 
 status channel::impl::post_buffer(std::byte* data, std::size_t length) {
-  auto it = std::find_if(buffer_exports.begin(), buffer_exports.end(), [&](const buffer_export& b) {
-    return b.base == data && b.length == length;
-  });
+  auto it = cached_export(data, length);
   std::string name;
   if (it != buffer_exports.end()) {
     name = it->name;
@@ -896,11 +900,7 @@ result<bool> channel::withdraw_post() {
     return true;
   }
   // Taken up, or the peer cannot be reached to ask: cut the buffer off.
-  auto it = std::find_if(i.buffer_exports.begin(), i.buffer_exports.end(),
-                         [&](const impl::buffer_export& b) {
-                           return b.base == i.post_data && b.length == i.post_length;
-                         });
-  if (it != i.buffer_exports.end()) {
+  if (auto it = i.cached_export(i.post_data, i.post_length); it != i.buffer_exports.end()) {
     (void)i.ctx.unexport_buffer(it->handle);
     i.buffer_exports.erase(it);
   }
