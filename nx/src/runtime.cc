@@ -169,19 +169,38 @@ bool runtime::start() {
   std::vector<std::string> all = boot_->all_gather(blob);
   if (all.size() != peers_.size()) return false;
 
+  // Each peer's record, parsed once: what this node needs of it.
+  struct record {
+    std::string cpus, address, descriptor, mailbox;
+  };
+  std::vector<record> records(peers_.size());
+  for (long j = 0; j < nodes_; ++j) {
+    if (j == node_) continue;
+    std::istringstream in(all[static_cast<std::size_t>(j)]);
+    record& r = records[static_cast<std::size_t>(j)];
+    std::string their_host, other;
+    long pid = 0;
+    in >> their_host >> pid >> r.cpus >> r.address;
+    for (long k = 0; k < nodes_; ++k) in >> (k == node_ ? r.descriptor : other);
+    for (long k = 0; k <= node_; ++k) in >> r.mailbox;
+    if (!in) {
+      std::fprintf(stderr, "nx: node %ld sent a malformed start-up record\n", j);
+      return false;
+    }
+    peer& p = peers_[static_cast<std::size_t>(j)];
+    p.remote = their_host != host;
+    p.pid = static_cast<pid_t>(pid);
+  }
+
   // More nodes on this host than CPUs they may run on between them (a CPU
   // set, taskset, more nodes than cores): waiters must yield, not spin.
   std::set<int> host_cpus;
   add_cpus(my_cpus, host_cpus);
   long on_host = 1;
   for (long j = 0; j < nodes_; ++j) {
-    if (j == node_) continue;
-    std::istringstream in(all[static_cast<std::size_t>(j)]);
-    std::string their_host, cpus;
-    long pid = 0;
-    if (!(in >> their_host >> pid >> cpus) || their_host != host) continue;
+    if (j == node_ || peers_[static_cast<std::size_t>(j)].remote) continue;
     ++on_host;
-    add_cpus(cpus, host_cpus);
+    add_cpus(records[static_cast<std::size_t>(j)].cpus, host_cpus);
   }
   oversubscribed_ = on_host > static_cast<long>(std::max<std::size_t>(1, host_cpus.size()));
   auto spin = core::setting_integer(spin_us);
@@ -192,27 +211,16 @@ bool runtime::start() {
   for (long pass = 0; pass < 2; ++pass) {
     for (long j = 0; j < nodes_; ++j) {
       if (j == node_) continue;
-      std::istringstream in(all[static_cast<std::size_t>(j)]);
-      std::string their_host, cpus, address, descriptor, mailbox_name;
-      long pid = 0;
-      in >> their_host >> pid >> cpus >> address;
-      for (long k = 0; k < nodes_; ++k) in >> (k == node_ ? descriptor : mailbox_name);
-      for (long k = 0; k <= node_; ++k) in >> mailbox_name;
-      if (!in) {
-        std::fprintf(stderr, "nx: node %ld sent a malformed start-up record\n", j);
-        return false;
-      }
       peer& p = peers_[static_cast<std::size_t>(j)];
-      p.remote = their_host != host;
-      p.pid = static_cast<pid_t>(pid);
+      const record& r = records[static_cast<std::size_t>(j)];
       if (pass == 1) {
-        if (status s = p.mail->attach(address, mailbox_name); !s) {
+        if (status s = p.mail->attach(r.address, r.mailbox); !s) {
           std::fprintf(stderr, "nx: mailbox of node %ld: %s\n", j, s.error().message().c_str());
           return false;
         }
       }
       if (pass == 0 && node_ < j) {
-        if (status s = p.channel->connect(descriptor, ""); !s) {
+        if (status s = p.channel->connect(r.descriptor, ""); !s) {
           std::fprintf(stderr, "nx: connect to node %ld: %s\n", j, s.error().message().c_str());
           return false;
         }
