@@ -57,6 +57,11 @@ void add_cpus(const std::string& list, std::set<int>& into) {
     if (!cpu.empty()) into.insert(std::atoi(cpu.c_str()));
 }
 
+// What the NX calls report of a message from node `from`.
+info message_info(const wire::header& h, long from) {
+  return {static_cast<long>(h.type), static_cast<long>(h.length), from, static_cast<long>(h.ptype)};
+}
+
 // A spin-wait hint between polls of memory another core writes.
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -633,19 +638,27 @@ void runtime::deliver_whole(long from, const wire::header& h, const std::byte* p
   finish_message(p);
 }
 
-// The next message when it waits in the mailbox.
-bool runtime::take_mail(long from) {
+// Inline: it is on the polling path of every receive.
+inline const wire::mailbox_slot* runtime::next_mail(long from) {
   peer& p = peers_[static_cast<std::size_t>(from)];
   const wire::mailbox_slot* slot = p.mail->next();
-  if (!slot || slot->h.sequence != p.expected) return false;
-  const wire::header h = slot->h;
+  if (!slot || slot->h.sequence != p.expected) return nullptr;
+  const wire::header& h = slot->h;
   if (!wire::valid(h) || static_cast<std::uint64_t>(h.length) > wire::mailbox_payload_max) {
     failed_node_ = from;
     failure_ = EQFAIL;
-    return false;
+    return nullptr;
   }
+  return slot;
+}
+
+// The next message when it waits in the mailbox.
+bool runtime::take_mail(long from) {
+  const wire::mailbox_slot* slot = next_mail(from);
+  if (!slot) return false;
+  const wire::header h = slot->h;
   deliver_whole(from, h, slot->payload);
-  p.mail->consume(static_cast<std::size_t>(h.length));  // the slot was copied out
+  peers_[static_cast<std::size_t>(from)].mail->consume(static_cast<std::size_t>(h.length));
   return true;
 }
 
@@ -654,8 +667,7 @@ void runtime::begin_message(long from, const wire::header& h) {
   ++p.expected;
   p.in_body = true;
   p.where = static_cast<space>(h.space);
-  p.current = {static_cast<long>(h.type), static_cast<long>(h.length), from,
-               static_cast<long>(h.ptype)};
+  p.current = message_info(h, from);
   p.body_left = static_cast<std::size_t>(h.length);
   p.receiver = nullptr;
   p.pending = nullptr;
@@ -774,18 +786,16 @@ bool runtime::receive_from_mailbox(const selector& sel, std::byte* buffer, std::
       if (j == node_) continue;
       peer& p = peers_[static_cast<std::size_t>(j)];
       if (p.in_body || p.header_got || !p.queue.empty()) return false;
-      const wire::mailbox_slot* slot = p.mail->next();
+      const wire::mailbox_slot* slot = next_mail(j);
       if (!slot) {
-        if (p.channel->readable()) return false;
+        // A stream message (next in sequence, or another one) or a failure.
+        if (failure_ || p.channel->readable()) return false;
         continue;
       }
       const wire::header h = slot->h;
-      if (h.sequence != p.expected || !wire::valid(h)) return false;
       const auto length = static_cast<std::size_t>(h.length);
-      const info m{static_cast<long>(h.type), static_cast<long>(h.length), j,
-                   static_cast<long>(h.ptype)};
-      if (length > wire::mailbox_payload_max || !sel.matches(static_cast<space>(h.space), m))
-        return false;
+      const info m = message_info(h, j);
+      if (!sel.matches(static_cast<space>(h.space), m)) return false;
       ++p.expected;
       if (length && capacity) std::memcpy(buffer, slot->payload, std::min(length, capacity));
       p.mail->consume(length);

@@ -186,6 +186,9 @@ class runtime {
                             int& error);
   bool take_whole(long from, std::size_t ready);
   bool take_mail(long from);
+  // The next message from `from` when it waits in the mailbox, in sequence
+  // (else null: a stream message comes first); a malformed one fails the job.
+  const wire::mailbox_slot* next_mail(long from);
   void deliver_whole(long from, const wire::header& h, const std::byte* payload);
   int send_to(long j, wire::header& header, const std::byte* data, std::size_t length, request* r,
               long& queued);
