@@ -51,32 +51,28 @@ int post(long typesel, char* buf, long count, long nodesel, long ptypesel, long*
                            tracked);
 }
 
-// Waits for a receive, fills msginfo and releases it.
-int finish_receive(request* req, long* count_out = nullptr) {
-  runtime& r = rt();
-  int e = r.wait(req);
-  if (req->done) {
-    set_msginfo(req->got);
-    if (count_out) *count_out = req->got.count;
-  } else {
-    r.abandon(req);  // a failed receive takes no later message
-  }
-  r.release(req);
-  r.run_handlers();
-  return e;
-}
-
-int do_recv(long typesel, char* buf, long count, long nodesel, long ptypesel, long* info_out,
-            long* count_out = nullptr) {
-  runtime& r = rt();
-  info got;
-  int e = r.receive({space::user, typesel, nodesel, ptypesel}, buf, count, info_out, got);
+// A receive's end as the C calls report it: msginfo (and the length) when
+// the message arrived, whole or cut to the buffer; then due handlers run.
+int report_receive(int e, const info& got, long* count_out) {
   if (e == 0 || e == EQMSGLONG) {
     set_msginfo(got);
     if (count_out) *count_out = got.count;
   }
-  r.run_handlers();
+  rt().run_handlers();
   return e;
+}
+
+// Waits for a posted receive and releases it.
+int finish_receive(request* req, long* count_out = nullptr) {
+  info got;
+  return report_receive(rt().await_receive(req, &got), got, count_out);
+}
+
+int do_recv(long typesel, char* buf, long count, long nodesel, long ptypesel, long* info_out,
+            long* count_out = nullptr) {
+  info got;
+  int e = rt().receive({space::user, typesel, nodesel, ptypesel}, buf, count, info_out, got);
+  return report_receive(e, got, count_out);
 }
 
 int do_irecv(long typesel, char* buf, long count, long nodesel, long ptypesel, long* info_out,

@@ -56,10 +56,9 @@ int all_reduce(void* x, std::size_t bytes, Combine combine) {
       int e = r.post_receive({space::internal, tag, partner, -1}, other, static_cast<long>(bytes),
                              in, nullptr, false);
       if (e) return e;
-      e = send_internal(r, tag, partner, x, bytes);
-      if (!e) e = r.wait(in);
-      if (!in->done) r.abandon(in);
-      r.release(in);
+      const int sent = send_internal(r, tag, partner, x, bytes);
+      e = r.await_receive(in, nullptr);  // after a failed send it returns the failure at once
+      if (sent) return sent;
       if (e) return e;
       combine(static_cast<char*>(x), other);
     }

@@ -759,11 +759,15 @@ int runtime::receive(const selector& sel, void* buffer, long count, long* user_i
   how.user_info = user_info;
   request* r = nullptr;
   if (int e = post_receive(sel, buffer, count, r, &how, false)) return e;
+  return await_receive(r, &got);
+}
+
+int runtime::await_receive(request* r, info* got) {
   int e = wait(r);
-  if (r->done)
-    got = r->got;
-  else
-    abandon(r);  // `buffer` is the caller's again: it takes no later message
+  if (!r->done)
+    abandon(r);  // the buffer is the caller's again: it takes no later message
+  else if (got)
+    *got = r->got;
   release(r);
   return e;
 }

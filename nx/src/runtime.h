@@ -106,6 +106,10 @@ class runtime {
   // then describes it, and `user_info` (may be null) is filled as by the x
   // forms.
   int receive(const selector& sel, void* buffer, long count, long* user_info, info& got);
+  // Waits for a receive from post_receive and releases it. When the message
+  // arrived (0, or EQMSGLONG) `got` (may be null) describes it; after a
+  // failure the receive is abandoned.
+  int await_receive(request* r, info* got);
   // Blocks until `r` is done (or a node died); does not release it.
   int wait(request* r);
   // Looks for an arrived message; with `block`, waits for one.
