@@ -103,7 +103,10 @@ class channel::impl {
   ~impl();
 
   status create_area();
+  // Imports the peer's area and binds to it; `attached` becomes true (with
+  // release ordering) only once every peer field below is set.
   status attach(const parsed_descriptor& peer_area);
+  status bind_peer(const parsed_descriptor& peer_area);
   status place_hello(std::string_view user_hello);
   result<std::string> read_hello() const;
 
@@ -205,7 +208,7 @@ class channel::impl {
   // The peer's area.
   core::import_handle peer{};
   core::sender to_peer;  // sends into the peer's area
-  bool attached = false;
+  std::atomic<bool> attached{false};  // set once by attach(), read by any thread
   bool fabric = false;
   std::string path_name;
   std::uint64_t peer_ring_bytes = 0, peer_ring_offset = 0;
@@ -293,7 +296,16 @@ status channel::impl::attach(const parsed_descriptor& peer_area) {
   auto h = ctx.import_buffer(peer_area.address, peer_area.name);
   if (!h) return h.error();
   peer = *h;
-  attached = true;
+  if (status s = bind_peer(peer_area); !s) {
+    (void)ctx.unimport_buffer(peer);
+    return s;
+  }
+  // Published last: other threads read the fields above once they see it.
+  attached.store(true, std::memory_order_release);
+  return {};
+}
+
+status channel::impl::bind_peer(const parsed_descriptor& peer_area) {
   auto bound = ctx.bind(peer);
   if (!bound) return bound.error();
   to_peer = std::move(*bound);
