@@ -247,8 +247,10 @@ struct epoll_registry {
   std::shared_mutex mutex;
   std::unordered_map<int, std::shared_ptr<epoll_set>> sets;
 };
+// Never destroyed: the control thread may still close an epoll set while
+// the process runs its exit handlers (as the descriptor table, table.cc).
 epoll_registry& registry() {
-  static epoll_registry r;
+  static epoll_registry& r = *new epoll_registry;
   return r;
 }
 
