@@ -133,9 +133,7 @@ void context::impl::control_loop() {
   const auto heartbeat = liveness / 4;
   auto fabric_tick = std::chrono::milliseconds(1);
 
-  std::vector<pollfd> fds;
-  std::vector<link_ptr> link_list;
-  std::vector<peer_ptr> peer_list;
+  auto& [fds, link_list, peer_list] = control_round_state;
   while (!stopping.load(std::memory_order_acquire)) {
     fds.clear();
     fds.push_back({control_wakeup.get(), POLLIN, 0});

@@ -204,7 +204,7 @@ int close(int fd) {
     if (s && s->inherited.load()) {
       // The channel belongs to the parent, which may still use this socket:
       // neither end it nor tear it down from here.
-      (void)s->chan.release();
+      abandon(s->chan);
     } else if (s && !s->shared.load()) {
       // (A stream shared since fork() may live on in another process: only
       // the kernel knows which close is the last, so we leave it be.)

@@ -22,6 +22,10 @@
 #include "vmmc/core/settings.h"
 #include "vmmc/redirect/channel.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/lsan_interface.h>
+#endif
+
 namespace vmmc::sockets::detail {
 
 namespace settings {
@@ -116,6 +120,18 @@ struct stream {
 };
 
 using stream_ptr = std::shared_ptr<stream>;
+
+// Lets go of `owner`'s object for good, without destroying it: what a fork()
+// child inherited (a channel, the context) belongs to the parent, whose
+// threads and peers it would otherwise tear down. Marked as deliberately
+// kept for LeakSanitizer.
+template <class T>
+void abandon(std::unique_ptr<T>& owner) {
+  [[maybe_unused]] T* kept = owner.release();
+#if defined(__SANITIZE_ADDRESS__)
+  if (kept) __lsan_ignore_object(kept);
+#endif
+}
 
 // --- table.cc: descriptors we manage, and the process's VMMC context.
 stream_ptr find(int fd);

@@ -177,7 +177,7 @@ void close_everything() {
     for (auto& k : known) k.store(false, std::memory_order_relaxed);
   }
   for (auto& s : all)
-    if (s && s->inherited.load()) (void)s->chan.release();  // another process's channel
+    if (s && s->inherited.load()) abandon(s->chan);  // another process's channel
   all.clear();
   st.ctx.reset();
 }
@@ -188,7 +188,7 @@ core::context* process_context() {
   std::lock_guard lock(st.mutex);
   pid_t self = ::getpid();
   if (st.owner == self) return st.ctx.get();
-  if (st.ctx) (void)st.ctx.release();  // the parent's: its threads are not here
+  abandon(st.ctx);  // the parent's: its threads are not here
   st.owner = self;
   auto c = core::context::create();
   if (c) {
