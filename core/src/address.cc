@@ -45,12 +45,15 @@ bool hex_decode(std::string_view text, std::vector<std::uint8_t>& out) {
   return true;
 }
 
-bool parse_u64(std::string_view text, std::uint64_t& out) {
+// Decimal up to `max`: a number that does not fit is refused, not wrapped.
+bool parse_u64(std::string_view text, std::uint64_t& out, std::uint64_t max = UINT64_MAX) {
   if (text.empty() || text.size() > 20) return false;
   std::uint64_t v = 0;
   for (char c : text) {
     if (c < '0' || c > '9') return false;
-    v = v * 10 + static_cast<std::uint64_t>(c - '0');
+    const auto digit = static_cast<std::uint64_t>(c - '0');
+    if (v > (max - digit) / 10) return false;
+    v = v * 10 + digit;
   }
   out = v;
   return true;
@@ -107,11 +110,11 @@ result<peer_address> decode_address(std::string_view text) {
       a.host = value;
       have_host = !value.empty();
     } else if (key == "p") {
-      if (!parse_u64(value, n)) return errc::invalid_argument;
+      if (!parse_u64(value, n, UINT32_MAX)) return errc::invalid_argument;
       a.pid = static_cast<std::uint32_t>(n);
       have_pid = true;
     } else if (key == "u") {
-      if (!parse_u64(value, n)) return errc::invalid_argument;
+      if (!parse_u64(value, n, UINT32_MAX)) return errc::invalid_argument;
       a.uid = static_cast<std::uint32_t>(n);
       have_uid = true;
     } else if (key == "n") {

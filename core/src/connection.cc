@@ -13,6 +13,7 @@
 #include <cstdio>
 
 #include "core.h"
+#include "parse.h"
 
 namespace vmmc::core::detail {
 
@@ -174,32 +175,20 @@ status connection::read_available(std::vector<frame>& out) {
 
 status connection::parse(std::vector<frame>& out) {
   std::size_t at = 0;
-  while (input_.size() - at >= sizeof(wire::frame_header)) {
-    wire::frame_header h;
-    std::memcpy(&h, input_.data() + at, sizeof h);
-    if (h.magic != wire::control_magic || h.version != wire::control_version ||
-        h.length > wire::max_frame_body)
-      return errc::protocol_error;
-    if (input_.size() - at - sizeof h < h.length) break;
+  for (;;) {
+    auto v = scan_frame(std::span(input_).subspan(at));
+    if (v.is(errc::would_block)) break;
+    if (!v) return v.error();
     frame f;
-    f.type = static_cast<wire::frame_type>(h.type);
-    f.body.assign(input_.begin() + static_cast<std::ptrdiff_t>(at + sizeof h),
-                  input_.begin() + static_cast<std::ptrdiff_t>(at + sizeof h + h.length));
-    // Descriptors belong to the frames that declare them.
-    std::size_t want = 0;
-    if (f.type == wire::frame_type::hello_reply) {
-      wire::hello_reply_body b{};
-      if (f.body_as(b) && b.has_wake_fds) want = 3;
-    } else if (f.type == wire::frame_type::import_reply) {
-      wire::import_reply_body b{};
-      if (f.body_as(b) && b.mapped) want = 1;
-    }
-    if (input_fds_.size() < want) return errc::protocol_error;
-    for (std::size_t i = 0; i < want; ++i) {
+    f.type = v->type;
+    auto body = input_.begin() + static_cast<std::ptrdiff_t>(at + v->body_offset);
+    f.body.assign(body, body + static_cast<std::ptrdiff_t>(v->body_length));
+    if (input_fds_.size() < v->descriptors) return errc::protocol_error;
+    for (std::size_t i = 0; i < v->descriptors; ++i) {
       f.fds.push_back(std::move(input_fds_.front()));
       input_fds_.pop_front();
     }
-    at += sizeof h + h.length;
+    at += v->body_offset + v->body_length;
     out.push_back(std::move(f));
   }
   input_.erase(input_.begin(), input_.begin() + static_cast<std::ptrdiff_t>(at));

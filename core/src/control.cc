@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "core.h"
+#include "parse.h"
 
 namespace vmmc::core {
 
@@ -19,11 +20,10 @@ constexpr auto slowest_fabric_tick = std::chrono::milliseconds(10);
 
 // Verifies and answers an importer's hello. Returns false to drop the link.
 bool accept_hello(context::impl& self, const context::impl::link_ptr& link, const frame& f) {
-  wire::hello_body h{};
-  if (f.type != wire::frame_type::hello || !f.body_as(h) ||
-      f.body.size() != sizeof h + h.address_length)
-    return false;
-  std::string blob(reinterpret_cast<const char*>(f.body.data() + sizeof h), h.address_length);
+  auto hello = parse_hello(f.type, f.body);
+  if (!hello) return false;
+  const wire::hello_body& h = hello->claims;
+  std::string blob(hello->blob);
   auto address = decode_address(blob);
   if (!address) return false;
   wire::hello_reply_body reply{};

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include "core.h"
+#include "parse.h"
 
 namespace vmmc::core {
 
@@ -108,7 +109,6 @@ status context::impl::unexport_buffer(export_handle handle) {
 }
 
 void context::impl::handle_import_request(const link_ptr& link, const frame& f) {
-  wire::import_request_body req{};
   wire::import_reply_body reply{};
   std::vector<int> fds;
   auto answer = [&](errc code) {
@@ -116,14 +116,15 @@ void context::impl::handle_import_request(const link_ptr& link, const frame& f) 
     if (!link->conn->write_frame(wire::frame_type::import_reply, &reply, sizeof reply, fds))
       link->alive = false;
   };
-  if (!f.body_as(req) || req.name_length > wire::max_name_length ||
-      f.body.size() != sizeof req + req.name_length) {
+  auto parsed = parse_import_request(f.body);
+  if (!parsed) {
     link->alive = false;  // malformed: drop this importer, keep serving the rest
     return;
   }
+  const wire::import_request_body& req = parsed->request;
   reply.request_id = req.request_id;
-  std::string name(reinterpret_cast<const char*>(f.body.data() + sizeof req), req.name_length);
-  std::string provider(req.provider, strnlen(req.provider, sizeof req.provider));
+  std::string name(parsed->name);
+  std::string provider(parsed->provider);
 
   export_ptr e;
   {

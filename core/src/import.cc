@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include "core.h"
+#include "parse.h"
 
 namespace vmmc::core {
 
@@ -123,8 +124,9 @@ result<import_handle> context::impl::import_buffer(std::string_view peer_blob,
     f = std::move(p->replies[req.request_id]);
     p->replies.erase(req.request_id);
   }
-  wire::import_reply_body r{};
-  if (!f.body_as(r)) return errc::protocol_error;
+  auto reply = parse_import_reply(f.body);
+  if (!reply) return reply.error();
+  const wire::import_reply_body& r = *reply;
   if (r.status != 0) return static_cast<errc>(r.status);
 
   auto imp = std::make_shared<import_entry>();
@@ -150,7 +152,6 @@ result<import_handle> context::impl::import_buffer(std::string_view peer_blob,
     {
       std::lock_guard ring_lock(p->record_mutex);
       if (!p->ring_known) {
-        if (r.ring_capacity != wire::ring_slots) return errc::protocol_error;
         p->ring_known = true;
         p->ring_address = r.ring_address;
         p->ring_key = r.ring_key;

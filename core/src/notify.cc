@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include "core.h"
+#include "parse.h"
 
 namespace vmmc::core {
 
@@ -40,18 +41,14 @@ void context::impl::on_remote_record(std::uint64_t immediate) {
 void context::impl::apply_record(const wire::record_header& h, const std::byte* payload,
                                  std::size_t payload_length) {
   export_ptr e = find_export(h.export_id);
-  // The importer checked all of this; we check again, as a peer may lie.
-  if (!e || !e->live || h.offset > e->length || h.length > e->length - h.offset) {
+  if (!e || !e->live || !fits(h.offset, h.length, e->length)) {
     VMMC_WARN("dropped a record for export %u outside its bounds", h.export_id);
     return;
   }
-  if (h.type == static_cast<std::uint32_t>(wire::record_type::inline_update)) {
-    if (payload_length < h.length || !has_right(e->allowed, rights::write)) return;
-    std::memcpy(e->base + h.offset, payload, h.length);
-  } else if (h.type != static_cast<std::uint32_t>(wire::record_type::notify)) {
-    return;
-  }
-  if (h.notify) enqueue_notification({h.export_id, h.offset, h.length, h.value});
+  const record_plan plan =
+      plan_record(h, e->length, has_right(e->allowed, rights::write), payload_length);
+  if (plan.copy) std::memcpy(e->base + h.offset, payload, h.length);
+  if (plan.notify) enqueue_notification({h.export_id, h.offset, h.length, h.value});
 }
 
 void context::impl::enqueue_notification(const notification& n) {
@@ -77,18 +74,6 @@ bool context::impl::notification_pending() {
       if (ring->head.load(std::memory_order_relaxed) != ring->tail.load(std::memory_order_acquire))
         return true;
   return false;
-}
-
-bool detail::drain_ring(notify_ring& ring, std::vector<notification>& out) {
-  std::uint64_t head = ring.head.load(std::memory_order_relaxed);
-  const std::uint64_t tail = ring.tail.load(std::memory_order_acquire);
-  if (tail - head > notify_ring::capacity) return false;  // a corrupt producer
-  for (; head != tail; ++head) {
-    const notify_record& r = ring.records[head % notify_ring::capacity];
-    out.push_back({r.export_id, r.offset, r.length, r.value});
-  }
-  ring.head.store(head, std::memory_order_release);
-  return true;
 }
 
 std::size_t context::impl::poll_notifications() {
@@ -118,7 +103,7 @@ std::size_t context::impl::poll_notifications() {
   }
   for (const notification& n : batch) {
     export_ptr e = find_export(n.export_id);
-    if (!e || n.offset > e->length || n.length > e->length - n.offset) continue;
+    if (!e || !fits(n.offset, n.length, e->length)) continue;
     count.notifications_received.fetch_add(1, std::memory_order_relaxed);
     if (e->on_notify) e->on_notify(n);
   }

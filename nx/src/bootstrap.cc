@@ -12,6 +12,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "parse.h"
+
 namespace vmmc::nx::detail {
 namespace {
 
@@ -24,18 +26,6 @@ bool write_all(int fd, const void* data, std::size_t n) {
   auto p = static_cast<const char*>(data);
   while (n > 0) {
     ssize_t k = ::write(fd, p, n);
-    if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) return false;
-    p += k;
-    n -= static_cast<std::size_t>(k);
-  }
-  return true;
-}
-
-bool read_all(int fd, void* data, std::size_t n) {
-  auto p = static_cast<char*>(data);
-  while (n > 0) {
-    ssize_t k = ::read(fd, p, n);
     if (k < 0 && errno == EINTR) continue;
     if (k <= 0) return false;
     p += k;
@@ -65,12 +55,8 @@ class launcher_socket final : public bootstrap {
   std::vector<std::string> all_gather(const std::string& mine) override {
     auto n = static_cast<std::uint32_t>(mine.size());
     if (!write_all(fd_, &n, sizeof n) || !write_all(fd_, mine.data(), n)) return fail();
-    std::vector<std::string> all(static_cast<std::size_t>(size));
-    for (auto& s : all) {
-      if (!read_all(fd_, &n, sizeof n)) return fail();
-      s.resize(n);
-      if (!read_all(fd_, s.data(), n)) return fail();
-    }
+    auto all = read_records(fd_, static_cast<std::size_t>(size));
+    if (all.empty()) return fail();
     return all;
   }
 

@@ -12,9 +12,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <set>
-#include <sstream>
 #include <thread>
 
+#include "parse.h"
 #include "vmmc/core/settings.h"
 
 namespace vmmc::nx::detail {
@@ -49,12 +49,6 @@ std::string allowed_cpus() {
     for (int c = 0; c < CPU_SETSIZE; ++c)
       if (CPU_ISSET(c, &set)) list += (list.empty() ? "" : ",") + std::to_string(c);
   return list.empty() ? "0" : list;
-}
-
-void add_cpus(const std::string& list, std::set<int>& into) {
-  std::istringstream in(list);
-  for (std::string cpu; std::getline(in, cpu, ',');)
-    if (!cpu.empty()) into.insert(std::atoi(cpu.c_str()));
 }
 
 // What the NX calls report of a message from node `from`.
@@ -175,26 +169,18 @@ bool runtime::start() {
   if (all.size() != peers_.size()) return false;
 
   // Each peer's record, parsed once: what this node needs of it.
-  struct record {
-    std::string cpus, address, descriptor, mailbox;
-  };
-  std::vector<record> records(peers_.size());
+  std::vector<startup_record> records(peers_.size());
   for (long j = 0; j < nodes_; ++j) {
     if (j == node_) continue;
-    std::istringstream in(all[static_cast<std::size_t>(j)]);
-    record& r = records[static_cast<std::size_t>(j)];
-    std::string their_host, other;
-    long pid = 0;
-    in >> their_host >> pid >> r.cpus >> r.address;
-    for (long k = 0; k < nodes_; ++k) in >> (k == node_ ? r.descriptor : other);
-    for (long k = 0; k <= node_; ++k) in >> r.mailbox;
-    if (!in) {
+    auto r = parse_startup_record(all[static_cast<std::size_t>(j)], nodes_, node_);
+    if (!r) {
       std::fprintf(stderr, "nx: node %ld sent a malformed start-up record\n", j);
       return false;
     }
     peer& p = peers_[static_cast<std::size_t>(j)];
-    p.remote = their_host != host;
-    p.pid = static_cast<pid_t>(pid);
+    p.remote = r->host != host;
+    p.pid = static_cast<pid_t>(r->pid);
+    records[static_cast<std::size_t>(j)] = std::move(*r);
   }
 
   // More nodes on this host than CPUs they may run on between them (a CPU
@@ -217,7 +203,7 @@ bool runtime::start() {
     for (long j = 0; j < nodes_; ++j) {
       if (j == node_) continue;
       peer& p = peers_[static_cast<std::size_t>(j)];
-      const record& r = records[static_cast<std::size_t>(j)];
+      const startup_record& r = records[static_cast<std::size_t>(j)];
       if (pass == 1) {
         if (status s = p.mail->attach(r.address, r.mailbox); !s) {
           std::fprintf(stderr, "nx: mailbox of node %ld: %s\n", j, s.error().message().c_str());
@@ -366,7 +352,7 @@ void runtime::abandon(request* r) {
 
 int runtime::send(space where, long type, const void* data, long count, long node,
                   request** async) {
-  if (type < 0 || type > 0x7fffffffL) return EQTYPE;
+  if (type < 0 || type > wire::max_type) return EQTYPE;
   if (count < 0 || (count > 0 && !data)) return EQLEN;
   if (node < -1 || node >= nodes_) return EQBADNODE;
   if (failure_) return failure_;
@@ -644,7 +630,7 @@ inline const wire::mailbox_slot* runtime::next_mail(long from) {
   const wire::mailbox_slot* slot = p.mail->next();
   if (!slot || slot->h.sequence != p.expected) return nullptr;
   const wire::header& h = slot->h;
-  if (!wire::valid(h) || static_cast<std::uint64_t>(h.length) > wire::mailbox_payload_max) {
+  if (!wire::valid_in_mailbox(h)) {
     failed_node_ = from;
     failure_ = EQFAIL;
     return nullptr;

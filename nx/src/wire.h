@@ -36,9 +36,10 @@ static_assert(sizeof(header) == 32);
 inline header make_header(std::uint8_t space, long type, long length, long ptype) {
   return {{'N', 'X'}, version, space, 0, type, length, ptype};  // sequence: set per peer
 }
+inline constexpr std::int64_t max_type = 0x7fffffff;  // senders refuse larger (EQTYPE)
 inline bool valid(const header& h) {
   return h.magic[0] == 'N' && h.magic[1] == 'X' && h.version == version && h.length >= 0 &&
-         (h.space == 1 || h.space == 2);
+         h.type >= 0 && h.type <= max_type && (h.space == 1 || h.space == 2);
 }
 
 // ---------------------------------------------------------------- mailbox
@@ -63,6 +64,11 @@ struct alignas(64) mailbox_slot {
   std::byte payload[mailbox_payload_max];
 };
 static_assert(sizeof(mailbox_slot) == mailbox_slot_bytes);
+
+// A message a slot can hold.
+inline bool valid_in_mailbox(const header& h) {
+  return valid(h) && static_cast<std::uint64_t>(h.length) <= mailbox_payload_max;
+}
 
 struct alignas(64) mailbox_area {
   std::uint64_t magic;

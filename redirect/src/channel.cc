@@ -6,13 +6,13 @@
 
 #include <algorithm>
 #include <atomic>
-#include <charconv>
 #include <cstring>
 #include <optional>
 #include <random>
 #include <thread>
 #include <vector>
 
+#include "parse.h"
 #include "settings.h"
 #include "wire.h"
 
@@ -22,8 +22,9 @@ namespace {
 using clock = std::chrono::steady_clock;
 using wire::area_header;
 
-constexpr std::size_t page = 4096;
-constexpr std::size_t max_ring_bytes = std::size_t{1} << 30;
+using detail::max_ring_bytes;
+using detail::page;
+using detail::parsed_descriptor;
 constexpr std::size_t cached_buffers = 4;  // posted-buffer exports/imports kept per end
 
 std::uint64_t load(const std::uint64_t& word) {
@@ -70,31 +71,6 @@ std::size_t round_up_pow2(std::size_t n) {
   return p;
 }
 
-struct parsed_descriptor {
-  std::string name;
-  std::uint64_t ring_bytes = 0;
-  std::string address;
-};
-
-// "<export name>#<ring bytes>#<context address>"
-bool parse_descriptor(std::string_view text, parsed_descriptor& out) {
-  auto first = text.find('#');
-  if (first == std::string_view::npos || first == 0 || first >= wire::name_max) return false;
-  auto second = text.find('#', first + 1);
-  if (second == std::string_view::npos) return false;
-  std::string_view ring = text.substr(first + 1, second - first - 1);
-  auto [end, ec] = std::from_chars(ring.data(), ring.data() + ring.size(), out.ring_bytes);
-  if (ec != std::errc() || end != ring.data() + ring.size()) return false;
-  if (out.ring_bytes < page || out.ring_bytes > max_ring_bytes ||
-      (out.ring_bytes & (out.ring_bytes - 1)))
-    return false;
-  out.name = std::string(text.substr(0, first));
-  out.address = std::string(text.substr(second + 1));
-  if (out.address.empty() || text.size() >= wire::descriptor_max) return false;
-  for (char c : text)
-    if (c <= ' ' || c > '~') return false;
-  return true;
-}
 }  // namespace
 
 class channel::impl {
@@ -314,9 +290,7 @@ status channel::impl::bind_peer(const parsed_descriptor& peer_area) {
   if (!info) return info.error();
   std::uint64_t words[3] = {};
   if (status s = ctx.fetch(peer, 0, words, sizeof words); !s) return s;
-  if (words[0] != wire::area_magic || words[1] != peer_area.ring_bytes || words[2] % page != 0 ||
-      words[2] < sizeof(area_header) || info->length < words[2] + words[1])
-    return errc::protocol_error;
+  if (!detail::check_area(words, peer_area.ring_bytes, info->length)) return errc::protocol_error;
   peer_ring_bytes = words[1];
   peer_ring_offset = words[2];
   auto p = ctx.path_of(peer);
@@ -343,11 +317,10 @@ status channel::impl::place_hello(std::string_view user_hello) {
 }
 
 result<std::string> channel::impl::read_hello() const {
-  const wire::hello& h = area->peer_hello;
-  if (load(h.state) != 1) return errc::would_block;
-  if (h.user_length > wire::user_hello_max || h.descriptor_length >= wire::descriptor_max)
-    return errc::protocol_error;
-  return std::string(h.user, h.user_length);
+  if (load(area->peer_hello.state) != 1) return errc::would_block;
+  auto hello = detail::copy_hello(area->peer_hello);
+  if (!hello) return hello.error();
+  return std::move(hello->user);
 }
 
 // ------------------------------------------------------------------ sending
@@ -374,10 +347,11 @@ std::size_t channel::impl::redirect_into_post(const std::byte* data, std::size_t
   full_fence();  // pairs with the poster's withdraw-then-fetch
   std::size_t placed = 0;
   std::uint64_t start = stream_sent;
-  if (load(area->withdrawn) < id && start >= p.stream_position &&
-      start - p.stream_position < p.length && length > 0) {
-    std::uint64_t offset = start - p.stream_position;
-    std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(length, p.length - offset));
+  const auto [offset, n] = load(area->withdrawn) < id
+                               ? detail::place_in_post(load(p.stream_position), load(p.length),
+                                                       start, length)
+                               : detail::post_placement{};
+  if (n > 0) {
     std::string name(p.name, strnlen(p.name, wire::name_max));
     auto it = std::find_if(buffer_imports.begin(), buffer_imports.end(),
                            [&](const buffer_import& b) { return b.name == name; });
@@ -700,6 +674,8 @@ result<std::optional<receive_result>> channel::impl::step_post(std::byte* data, 
   const wire::report& r = area->post_report;
   if (load(r.id) == post_id) {
     std::uint64_t start = load(r.start), placed = load(r.redirected);
+    auto report = detail::check_report(start, placed, post_start, length);
+    if (!report) return report.error();
     // Ring bytes before `start` were written before the report; redirected
     // ones are complete once `produced` covers them.
     while (load(area->produced) < start + placed) {
@@ -708,8 +684,7 @@ result<std::optional<receive_result>> channel::impl::step_post(std::byte* data, 
     }
     post_open = false;
     receive_result out;
-    std::uint64_t from_ring = std::min<std::uint64_t>(start, post_start + length) - post_start;
-    out.copied = copy_out(data, static_cast<std::size_t>(from_ring), true);
+    out.copied = copy_out(data, static_cast<std::size_t>(report->from_ring), true);
     if (placed) {
       stream_read += placed;
       out.redirected = static_cast<std::size_t>(placed);
@@ -821,7 +796,7 @@ std::string channel::descriptor() const {
 status channel::connect(std::string_view peer_descriptor, std::string_view user_hello) {
   if (impl_->attached) return errc::already_exists;
   parsed_descriptor d;
-  if (!parse_descriptor(peer_descriptor, d) || user_hello.size() > wire::user_hello_max)
+  if (!detail::parse_descriptor(peer_descriptor, d) || user_hello.size() > wire::user_hello_max)
     return errc::invalid_argument;
   if (status s = impl_->attach(d); !s) return s;
   return impl_->place_hello(user_hello);
@@ -830,15 +805,15 @@ status channel::connect(std::string_view peer_descriptor, std::string_view user_
 result<std::string> channel::accept_peer(std::string_view user_hello) {
   if (impl_->attached) return errc::already_exists;
   if (user_hello.size() > wire::user_hello_max) return errc::invalid_argument;
-  auto theirs = impl_->read_hello();
+  if (load(impl_->area->peer_hello.state) != 1) return errc::would_block;
+  // One copy of the hello for both parts: the peer may rewrite it meanwhile.
+  auto theirs = detail::copy_hello(impl_->area->peer_hello);
   if (!theirs) return theirs.error();
-  const wire::hello& h = impl_->area->peer_hello;
   parsed_descriptor d;
-  if (!parse_descriptor(std::string_view(h.descriptor, h.descriptor_length), d))
-    return errc::protocol_error;
+  if (!detail::parse_descriptor(theirs->descriptor, d)) return errc::protocol_error;
   if (status s = impl_->attach(d); !s) return s.error();
   if (status s = impl_->place_hello(user_hello); !s) return s.error();
-  return theirs;
+  return std::move(theirs->user);
 }
 
 result<std::string> channel::peer_hello() {

@@ -9,12 +9,12 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <charconv>
 #include <cstring>
 #include <functional>
 #include <string>
 #include <thread>
 
+#include "parse.h"
 #include "sockets.h"
 #include "wire.h"
 
@@ -120,9 +120,7 @@ void accept_offer(stream& s) {
 // The hello frame that follows the server's accept byte.
 bool read_hello_frame(int fd, std::string& descriptor) {
   wire::hello_frame frame{};
-  if (!receive_exactly(fd, &frame, sizeof frame) || frame.magic != wire::hello_magic ||
-      frame.version != wire::version || frame.length == 0)
-    return false;
+  if (!receive_exactly(fd, &frame, sizeof frame) || !hello_frame_ok(frame)) return false;
   descriptor.resize(frame.length);
   return receive_exactly(fd, descriptor.data(), descriptor.size());
 }
@@ -283,13 +281,12 @@ bool learn_peer_raw(stream& s) {
   if (!s.chan) return false;
   auto hello = s.chan->peer_hello();
   if (!hello) return false;
-  std::uint64_t n = 0;
-  auto [end, ec] = std::from_chars(hello->data(), hello->data() + hello->size(), n);
-  if (ec != std::errc() || end != hello->data() + hello->size()) {
+  auto n = parse_raw_count(*hello);
+  if (!n) {
     s.pending_error.store(EPROTO);
     return false;
   }
-  s.peer_raw = n;
+  s.peer_raw = *n;
   return true;
 }
 

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "parse.h"
 #include "sockets.h"
 #include "vmmc/sockets/socket.h"
 #include "wire.h"
@@ -67,12 +68,6 @@ void wake_sleepers(stream& s) {
   s.doorbell_generation.fetch_add(1);
   s.sleep_cv.notify_all();
 }
-
-std::uint64_t read_le64(const unsigned char* p) {
-  std::uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
-}
 }  // namespace
 
 stream::~stream() {
@@ -107,19 +102,10 @@ void drain_doorbells(stream& s) {
       if (n == 0 || errno != EAGAIN) s.tcp_eof.store(true);
       return;
     }
-    std::size_t take = static_cast<std::size_t>(n);
-    std::uint64_t end = stream::no_end;
-    bool asked = false;
-    for (std::size_t i = 0; i < static_cast<std::size_t>(n); ++i) {
-      if (scratch[i] == wire::revert_request_byte) asked = true;
-      if (scratch[i] != wire::end_record_byte) continue;
-      take = i;
-      if (i + wire::end_record_size <= static_cast<std::size_t>(n)) {
-        end = read_le64(scratch + i + 1);
-        take = i + wire::end_record_size;
-      }
-      break;
-    }
+    const record_scan scan = scan_records(std::span(scratch, static_cast<std::size_t>(n)));
+    const std::size_t take = scan.take;
+    const std::uint64_t end = scan.end.value_or(stream::no_end);
+    const bool asked = scan.revert_asked;
     if (take > 0 && ::recv(s.fd, scratch, take, MSG_DONTWAIT) != static_cast<ssize_t>(take)) return;
     s.doorbells_in.fetch_add(take);
     if (asked) s.revert_asked.store(true);
