@@ -1,12 +1,28 @@
-# Warnings and sanitizers as a private interface target: every project target
-# links it PRIVATE, so consumers of our libraries never inherit our flags.
+# Warnings as a private interface target: every project target links it
+# PRIVATE, so consumers of our libraries never inherit our flags.
 add_library(vmmc_warnings INTERFACE)
 add_library(vmmc::warnings ALIAS vmmc_warnings)
 target_compile_options(vmmc_warnings INTERFACE
   -Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Wold-style-cast
   -Wcast-align -Wunused -Woverloaded-virtual -Wconversion -Wno-sign-conversion
   -Werror=return-type -Werror=format-security)
-if(VMMC_SANITIZE)
-  target_compile_options(vmmc_warnings INTERFACE -fsanitize=address,undefined -fno-omit-frame-pointer)
-  target_link_options(vmmc_warnings INTERFACE -fsanitize=address,undefined)
+if(VMMC_SANITIZE STREQUAL "address")
+  set(vmmc_sanitizer_flags -fsanitize=address,undefined -fno-sanitize-recover=undefined)
+elseif(VMMC_SANITIZE STREQUAL "thread")
+  set(vmmc_sanitizer_flags -fsanitize=thread)
+elseif(VMMC_SANITIZE)
+  message(FATAL_ERROR "VMMC_SANITIZE must be address, thread or empty, not '${VMMC_SANITIZE}'")
+endif()
+# Sanitizers apply to every target we build, C examples and rpcgen output
+# included: an uninstrumented program linked to an instrumented layer would
+# load the sanitizer runtime too late.
+if(vmmc_sanitizer_flags)
+  add_compile_options(${vmmc_sanitizer_flags} -fno-omit-frame-pointer)
+  add_link_options(${vmmc_sanitizer_flags})
+endif()
+# TSan cannot see std::timed_mutex's locks without this shim (see the file);
+# every target of the thread build links it (tests preload it, too).
+if(VMMC_SANITIZE STREQUAL "thread")
+  add_library(vmmc_tsan_clocklock SHARED ${PROJECT_SOURCE_DIR}/tests/sanitizers/tsan_clocklock.c)
+  link_libraries(vmmc_tsan_clocklock)
 endif()

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Installs what vmmc needs on Debian 12 (as root) and builds it into build/.
-# Safe to run again: apt-get skips what is installed, cmake rebuilds what changed.
+# Installs what vmmc needs on Debian 12 (as root) and builds it into build/
+# (or $VMMC_BUILD_DIR, with $VMMC_CMAKE_ARGS: scripts/test.sh's sanitizer
+# builds). Safe to run again: apt-get skips what is installed, cmake
+# rebuilds what changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,5 +23,6 @@ if ((${#missing[@]})); then
 fi
 
 build_type=${VMMC_BUILD_TYPE:-RelWithDebInfo}
-cmake -S . -B build -DCMAKE_BUILD_TYPE="$build_type" ${VMMC_CMAKE_ARGS:-} >/dev/null
-cmake --build build -j"$(nproc)"
+build_dir=${VMMC_BUILD_DIR:-build}
+cmake -S . -B "$build_dir" -DCMAKE_BUILD_TYPE="$build_type" ${VMMC_CMAKE_ARGS:-} >/dev/null
+cmake --build "$build_dir" -j"$(nproc)"

@@ -1,0 +1,64 @@
+# Sanitizer builds (-DVMMC_SANITIZE=address|thread): how every test runs.
+#
+# - VMMC_PRELOAD_RUNTIME: an instrumented interposer preloaded into a program
+#   (ours or Debian's) needs the sanitizer runtime loaded before it, so tests
+#   put this prefix in front of the module in LD_PRELOAD ("" otherwise).
+# - vmmc_sanitize_tests(): gives every test of a directory the sanitizer
+#   options: suppressions from this folder, and a log_path, so a report in
+#   any process a test starts (a forked child, an exec'd program, a preloaded
+#   Debian program) lands in <build>/sanitizer-reports/ even when the test
+#   never looks at that process's exit status. scripts/test.sh fails the run
+#   when that folder is not empty afterwards.
+set(VMMC_PRELOAD_RUNTIME "")
+set(VMMC_SANITIZER_REPORTS ${PROJECT_BINARY_DIR}/sanitizer-reports)
+set(vmmc_sanitizer_dir ${CMAKE_CURRENT_LIST_DIR})
+if(VMMC_SANITIZE STREQUAL "address")
+  set(vmmc_runtime_name libasan.so)
+elseif(VMMC_SANITIZE STREQUAL "thread")
+  set(vmmc_runtime_name libtsan.so)
+endif()
+if(vmmc_runtime_name)
+  execute_process(COMMAND ${CMAKE_CXX_COMPILER} -print-file-name=${vmmc_runtime_name}
+                  OUTPUT_VARIABLE vmmc_runtime OUTPUT_STRIP_TRAILING_WHITESPACE)
+  get_filename_component(vmmc_runtime ${vmmc_runtime} REALPATH)
+  set(VMMC_PRELOAD_RUNTIME "${vmmc_runtime}:")
+  if(TARGET vmmc_tsan_clocklock)
+    string(APPEND VMMC_PRELOAD_RUNTIME "$<TARGET_FILE:vmmc_tsan_clocklock>:")
+  endif()
+endif()
+
+# vmmc_sanitize_tests(): every test of the calling directory (CMake 3.25 sets
+# test properties only from the directory that added the test). Called once,
+# deferred to the end of the directory, by vmmc_add_test() and by directories
+# that add tests themselves.
+function(vmmc_sanitize_tests)
+  if(NOT VMMC_SANITIZE)
+    return()
+  endif()
+  cmake_language(DEFER GET_CALL_IDS deferred)
+  if(NOT "vmmc_sanitize" IN_LIST deferred)
+    cmake_language(DEFER ID vmmc_sanitize CALL vmmc_sanitize_directory)
+  endif()
+endfunction()
+
+function(vmmc_sanitize_directory)
+  set(log log_path=${VMMC_SANITIZER_REPORTS}/report)
+  set(common "${log}:print_suppressions=0")
+  if(VMMC_SANITIZE STREQUAL "address")
+    set(env
+      "ASAN_OPTIONS=${common}:detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1:check_initialization_order=1"
+      "LSAN_OPTIONS=${common}:suppressions=${vmmc_sanitizer_dir}/lsan.supp"
+      "UBSAN_OPTIONS=${common}:print_stacktrace=1:halt_on_error=1:suppressions=${vmmc_sanitizer_dir}/ubsan.supp")
+  else()
+    # VMMC_TEST_TIME_SCALE: TSan runs our code 5-15x slower; tests that wait
+    # for something with a deadline stretch it by this factor (see
+    # tests/time_scale.h) instead of being skipped.
+    set(env
+      "TSAN_OPTIONS=${common}:halt_on_error=0:second_deadlock_stack=1:suppressions=${vmmc_sanitizer_dir}/tsan.supp"
+      "VMMC_TEST_TIME_SCALE=4")
+  endif()
+  get_property(tests DIRECTORY PROPERTY TESTS)
+  foreach(t ${tests})
+    set_property(TEST ${t} APPEND PROPERTY ENVIRONMENT ${env})
+  endforeach()
+endfunction()
