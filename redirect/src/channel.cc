@@ -163,8 +163,9 @@ class channel::impl {
     return done->error ? status(done->error) : status{};
   }
   static constexpr std::chrono::seconds flush_timeout{2};
+  // `fabric` is one of the fields attach() publishes: read it only after.
   void progress() {
-    if (fabric) ctx.progress();
+    if (attached.load(std::memory_order_acquire) && fabric) ctx.progress();
   }
 
   core::context& ctx;
