@@ -86,7 +86,7 @@ check_reports() {
   local dir=$1/sanitizer-reports part=$2 reports=() notes=0 f
   for f in "$dir"/*; do
     [[ -f $f ]] || continue
-    if grep -qE 'ERROR: |WARNING: ThreadSanitizer|runtime error:' "$f"; then
+    if grep -qE 'ERROR: |WARNING: |runtime error:|Dying' "$f"; then
       reports+=("$f")
     else
       notes=$((notes + 1))
