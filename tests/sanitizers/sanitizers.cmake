@@ -12,6 +12,7 @@
 set(VMMC_PRELOAD_RUNTIME "")
 set(VMMC_SANITIZER_REPORTS ${PROJECT_BINARY_DIR}/sanitizer-reports)
 set(vmmc_sanitizer_dir ${CMAKE_CURRENT_LIST_DIR})
+set(vmmc_tsan_time_scale 4)  # TSan's slowdown on our tests, rounded up
 if(VMMC_SANITIZE STREQUAL "address")
   set(vmmc_runtime_name libasan.so)
 elseif(VMMC_SANITIZE STREQUAL "thread")
@@ -57,10 +58,17 @@ function(vmmc_sanitize_directory)
       # die_after_fork=0: a fork() child of ours starts threads (a context
       # of its own); TSan supports that only partly, but it must not die.
       "TSAN_OPTIONS=${common}:halt_on_error=0:second_deadlock_stack=1:die_after_fork=0:suppressions=${vmmc_sanitizer_dir}/tsan.supp"
-      "VMMC_TEST_TIME_SCALE=4")
+      "VMMC_TEST_TIME_SCALE=${vmmc_tsan_time_scale}")
   endif()
   get_property(tests DIRECTORY PROPERTY TESTS)
   foreach(t ${tests})
     set_property(TEST ${t} APPEND PROPERTY ENVIRONMENT ${env})
+    if(VMMC_SANITIZE STREQUAL "thread")
+      get_test_property(${t} TIMEOUT timeout)
+      if(timeout)
+        math(EXPR timeout "${timeout} * ${vmmc_tsan_time_scale}")
+        set_tests_properties(${t} PROPERTIES TIMEOUT ${timeout})
+      endif()
+    endif()
   endforeach()
 endfunction()
