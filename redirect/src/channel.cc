@@ -754,7 +754,7 @@ result<receive_result> channel::impl::receive(std::byte* data, std::size_t lengt
     }
     if (at_end()) break;
     if (total.total() > 0 && !wait_all) break;
-    if (fabric && attached && want >= post_min) {
+    if (attached && fabric && want >= post_min) {  // attached first: it publishes fabric
       if (status s = post_buffer(data + total.total(), want); !s) return s.error();
       auto got = complete_post(data + total.total(), want, wait_all, deadline);
       if (!got) {
@@ -855,7 +855,7 @@ result<receive_result> channel::receive(void* data, std::size_t length, bool wai
 result<bool> channel::post(void* data, std::size_t length) {
   impl& i = *impl_;
   if (i.post_open) return errc::already_exists;
-  if (!i.fabric || !i.attached || length < i.post_min) return false;
+  if (!i.attached || !i.fabric || length < i.post_min) return false;  // attached first
   i.progress();
   // Bytes already in the ring are copied when the post completes; it pays
   // when at least post_min bytes are still to come.
