@@ -105,14 +105,27 @@ check_reports() {
   total_failed=$((total_failed + ${#reports[@]}))
 }
 
+# tests/sanitizers/<part>-pending: tests with a known finding of that
+# sanitizer not fixed yet, one per line with the finding; they are left out
+# of that part (and printed), never out of the default suite.
 sanitized_part() {
-  local part=$1 kind=$2 dir=$3
+  local part=$1 kind=$2 dir=$3 pending=tests/sanitizers/$1-pending names
   echo "== $part: building $dir (-DVMMC_SANITIZE=$kind)"
   VMMC_BUILD_DIR=$dir VMMC_CMAKE_ARGS="-DVMMC_SANITIZE=$kind -DVMMC_BUILD_BENCHMARKS=OFF" \
     scripts/setup.sh
   rm -rf "$dir/sanitizer-reports"
   mkdir -p "$dir/sanitizer-reports"
+  local saved=("${ctest_args[@]}")
+  if [[ -f $pending ]]; then
+    names=$(grep -vE '^\s*(#|$)' "$pending" | awk '{print $1}' | paste -sd'|' || true)
+    if [[ -n $names ]]; then
+      echo "== $part: left out, known findings not fixed yet ($pending):"
+      grep -vE '^\s*(#|$)' "$pending" | sed 's/^/     /'
+      ctest_args+=(-E "^($names)\$")
+    fi
+  fi
   run_ctest "$dir" "$part"
+  ctest_args=("${saved[@]}")
   check_reports "$dir" "$part"
 }
 
