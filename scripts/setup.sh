@@ -11,16 +11,7 @@ packages=(build-essential cmake pkg-config libfabric-dev libfabric-bin libboost-
           rpcbind rpcsvc-proto                        # vrpc: rpcinfo/portmapper, rpcgen
           openmpi-bin libopenmpi-dev libpmix-dev      # nx: mpirun reference and PMIx launch
           sockperf iperf3 redis-server redis-tools)   # preload demo: unmodified Debian programs
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  echo "== installing: ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+scripts/install-packages.sh "${packages[@]}"
 
 build_type=${VMMC_BUILD_TYPE:-RelWithDebInfo}
 build_dir=${VMMC_BUILD_DIR:-build}
