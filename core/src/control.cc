@@ -56,7 +56,7 @@ bool accept_hello(context::impl& self, const context::impl::link_ptr& link, cons
 }  // namespace
 
 void context::impl::handle_link_frames(const link_ptr& link) {
-  std::vector<frame> frames;
+  std::vector<frame>& frames = link->conn->control_frames;  // empty between rounds
   status s = link->conn->read_available(frames);
   for (const frame& f : frames) {
     if (!link->alive) break;
@@ -84,12 +84,13 @@ void context::impl::handle_link_frames(const link_ptr& link) {
       default: link->alive = false;
     }
   }
+  frames.clear();  // what was not taken (descriptors) goes now, as before
   if (s.is(errc::protocol_error)) VMMC_WARN("garbage on a control connection; closed it");
   if (!s) link->alive = false;
 }
 
 void context::impl::handle_peer_frames(const peer_ptr& peer) {
-  std::vector<frame> frames;
+  std::vector<frame>& frames = peer->conn->control_frames;  // empty between rounds
   status s = peer->conn->read_available(frames);
   for (frame& f : frames) {
     switch (f.type) {
@@ -111,6 +112,7 @@ void context::impl::handle_peer_frames(const peer_ptr& peer) {
       default: s = errc::protocol_error;
     }
   }
+  frames.clear();  // what was not taken (descriptors) goes now, as before
   if (!s) peer_died(peer);
 }
 
