@@ -111,6 +111,7 @@ class channel::impl {
                                                   bool wait_all, bool promised, bool must_leave);
   status post_buffer(std::byte* data, std::size_t length);
   result<bool> withdraw_post();
+  void abandon_post(std::byte* data, std::size_t length);
   status wait_a_little(clock::time_point deadline, clock::time_point& spin_until,
                        sleep_reason reason);
   bool poll();
@@ -195,6 +196,7 @@ class channel::impl {
   std::uint64_t stream_sent = 0, ring_written = 0, credit = 0;
   std::uint64_t handled_post = 0, last_rung_data = 0, space_epoch = 0;
   bool write_closed = false;
+  std::atomic<bool> writes_stopped{false};  // stop_writing(), from any thread
   struct buffer_import {
     std::string name;
     core::import_handle handle;
@@ -395,7 +397,7 @@ std::size_t channel::impl::redirect_into_post(const std::byte* data, std::size_t
 
 result<std::size_t> channel::impl::write(const std::byte* data, std::size_t length) {
   if (!attached) return errc::not_connected;
-  if (write_closed) return errc::closed;
+  if (write_closed || writes_stopped.load(std::memory_order_relaxed)) return errc::closed;
   status error;
   std::size_t done = redirect_into_post(data, length, error);
   if (!error) return error.error();
@@ -666,6 +668,18 @@ result<bool> channel::impl::withdraw_post() {
   return true;
 }
 
+// The post can no longer be settled with the peer (it is gone, or its
+// report broke the rules): close it and stop exporting its buffer, which
+// the caller may free as soon as we return. What the post placed is not a
+// stream anyone can vouch for any more; ring bytes before it are still read.
+void channel::impl::abandon_post(std::byte* data, std::size_t length) {
+  if (auto it = cached_export(data, length); it != buffer_exports.end()) {
+    (void)ctx.unexport_buffer(it->handle);
+    buffer_exports.erase(it);
+  }
+  post_open = false;
+}
+
 // One look at the open post: the finished receive, or nothing yet (it stays
 // open). `must_leave` takes it back unless the sender already took it up.
 result<std::optional<receive_result>> channel::impl::step_post(std::byte* data, std::size_t length,
@@ -729,12 +743,13 @@ result<receive_result> channel::impl::complete_post(std::byte* data, std::size_t
   auto spin_until = clock::now() + spin;
   for (;;) {
     auto step = step_post(data, length, wait_all, false, clock::now() >= deadline);
-    if (!step) return step.error();
+    if (!step) {
+      if (post_open) abandon_post(data, length);
+      return step.error();
+    }
     if (*step) return **step;
     if (status s = wait_a_little(clock::time_point::max(), spin_until, sleep_reason::data); !s) {
-      // Gone with the post open: whatever it placed is not a stream anyone
-      // can vouch for any more; ring bytes before the post are still read.
-      post_open = false;
+      abandon_post(data, length);
       return s.error();
     }
   }
@@ -871,7 +886,7 @@ result<receive_result> channel::poll_post() {
   if (!i.post_open || !i.post_data) return errc::invalid_argument;
   auto step = i.step_post(i.post_data, i.post_length, true, true, false);
   if (!step) {
-    i.post_open = false;  // as receive(): what the post placed cannot be vouched for
+    if (i.post_open) i.abandon_post(i.post_data, i.post_length);
     i.post_data = nullptr;
     return step.error();
   }
@@ -888,13 +903,12 @@ result<bool> channel::withdraw_post() {
     return true;
   }
   // Taken up, or the peer cannot be reached to ask: cut the buffer off.
-  if (auto it = i.cached_export(i.post_data, i.post_length); it != i.buffer_exports.end()) {
-    (void)i.ctx.unexport_buffer(it->handle);
-    i.buffer_exports.erase(it);
-  }
-  i.post_open = false;
+  i.abandon_post(i.post_data, i.post_length);
   i.post_data = nullptr;
   return false;
+}
+void channel::stop_writing() noexcept {
+  impl_->writes_stopped.store(true);
 }
 bool channel::poll() {
   return impl_->poll();

@@ -128,6 +128,11 @@ class channel {
                             std::chrono::milliseconds timeout);
   // End of stream: the peer reads the bytes sent so far, then end of file.
   status close_write();
+  // From any thread: writes fail with closed from now on, and a write
+  // blocked in another thread returns at its next turn (within 100 ms) with
+  // what it placed so far, or closed. What a kernel socket's shutdown() does
+  // to a blocked send; close_write() still places the end.
+  void stop_writing() noexcept;
 
   // --- receiving --------------------------------------------------------
   // Bytes ready to be read without waiting (ring contents).
