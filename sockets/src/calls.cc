@@ -271,8 +271,11 @@ int shutdown(int fd, int how) {
   }
   if (how != SHUT_WR) s->read_shut.store(true);
   if (how != SHUT_RD && !s->write_shut.load()) {
-    std::lock_guard lock(s->write_mutex);
+    // As the kernel's: a writer blocked for space (a stopped reader) returns
+    // at once with EPIPE or its count, rather than holding the lock we need.
     s->write_shut.store(true);
+    if (s->chan) s->chan->stop_writing();
+    std::lock_guard lock(s->write_mutex);
     if (s->out_reverted.load()) return ::shutdown(fd, SHUT_WR);
     if (s->out_switched.load()) {
       // The TCP connection stays open: it still carries our doorbells.

@@ -193,7 +193,11 @@ void nagle_off_for_doorbells(stream& s) {
 void ring_doorbell(stream& s) {
   if (s.out_reverted.load()) return;  // TCP carries our application bytes again
   unsigned char b = wire::doorbell_byte;
-  [[maybe_unused]] ssize_t n = ::send(s.fd, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+  // A full socket buffer is no failure (the peer has doorbells to read);
+  // an error is the TCP connection's end, which takes the stream with it.
+  if (::send(s.fd, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0 && errno != EAGAIN &&
+      errno != EWOULDBLOCK && errno != EINTR)
+    note_tcp_error(s, errno);
 }
 
 // Bytes of our protocol left in the kernel's receive queue would make

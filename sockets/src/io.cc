@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <thread>
 
 #include "sockets.h"
@@ -80,6 +81,45 @@ ssize_t receive_raw(stream& s, char* buffer, size_t length, int flags, bool no_w
   return n;
 }
 
+// A busy upgraded stream never sleeps on its TCP descriptor, where
+// drain_doorbells() would meet a reset (a middlebox's, the peer kernel's) or
+// a keepalive / user timeout: look at the descriptor every few milliseconds
+// of calls instead. One poll(): nothing is read, nothing consumed.
+bool tcp_failed(stream& s) {
+  if (s.tcp_error.load(std::memory_order_relaxed) != 0) return true;
+  const std::int64_t now = clock::now().time_since_epoch().count();
+  if (now < s.next_tcp_look.load(std::memory_order_relaxed)) return false;
+  s.next_tcp_look.store(now + std::chrono::nanoseconds(std::chrono::milliseconds(2)).count(),
+                        std::memory_order_relaxed);
+  // POLLHUP: both directions closed. While the channel carries the stream
+  // our own side never shuts its TCP, so the connection is gone (a reset
+  // whose error a doorbell's send() already took, see ring_doorbell).
+  pollfd pfd{s.fd, 0, 0};
+  if (::poll(&pfd, 1, 0) != 1 || !(pfd.revents & (POLLERR | POLLHUP))) return false;
+  int error = 0;
+  socklen_t size = sizeof error;
+  if (::getsockopt(s.fd, SOL_SOCKET, SO_ERROR, &error, &size) != 0 || error == 0)
+    error = ECONNRESET;
+  note_tcp_error(s, error);
+  return true;
+}
+
+// The TCP side's error, reported once (the kernel's socket error is);
+// afterwards writes get EPIPE and reads the end of the stream.
+int take_tcp_error(stream& s) {
+  return s.tcp_error_told.exchange(true) ? 0 : s.tcp_error.load();
+}
+
+ssize_t read_after_tcp_failed(stream& s) {
+  int error = take_tcp_error(s);
+  return error ? fail(error) : 0;
+}
+
+ssize_t write_after_tcp_failed(stream& s, int flags) {
+  int error = take_tcp_error(s);
+  return error ? fail(error) : broken_pipe(flags);
+}
+
 // Waits until the channel has bytes, the stream ended or the peer is gone:
 // busy-polls briefly (yielding the processor after the first microseconds,
 // so that a peer waiting for it on a busy machine runs), then sleeps on the
@@ -89,6 +129,7 @@ bool wait_readable(stream& s, clock::time_point deadline) {
   auto spin_until = clock::now() + std::chrono::microseconds(50);
   int spins = 0;
   while (ch.readable() == 0 && !ch.at_end() && !input_on_tcp(s)) {
+    if (tcp_failed(s)) return true;
     answer_revert(s);
     auto now = clock::now();
     if (now >= deadline) return false;
@@ -121,8 +162,8 @@ ssize_t end_after_peer_gone(stream& s) {
   }
   // A same-host peer copied every byte it sent into our memory before its
   // send returned: nothing can have been lost with it.
-  if ((s.tcp_eof.load() && !s.tcp_reset.load()) || s.chan->path() == "mapped") return 0;
-  return fail(ECONNRESET);
+  if ((s.tcp_eof.load() && s.tcp_error.load() == 0) || s.chan->path() == "mapped") return 0;
+  return read_after_tcp_failed(s);
 }
 
 // Channel bytes the peer wrote before its end record that are still to be
@@ -156,6 +197,7 @@ ssize_t receive_channel(stream& s, char* buffer, size_t length, int flags, bool 
       if (input_on_tcp(s)) return switched;
       if (ch.at_end()) return 0;
       if (ch.peer_gone()) return end_after_peer_gone(s);
+      if (tcp_failed(s)) return read_after_tcp_failed(s);
       if (no_wait) {
         if (ch.prepare_sleep(redirect::sleep_reason::data)) return fail(EAGAIN);
         if (clock::now() > in_flight_deadline) return fail(EAGAIN);
@@ -181,6 +223,7 @@ ssize_t receive_channel(stream& s, char* buffer, size_t length, int flags, bool 
     drain_doorbells(s);
     answer_revert(s);
     if (input_on_tcp(s)) return switched;
+    if (tcp_failed(s)) return read_after_tcp_failed(s);
   }
 }
 }  // namespace
@@ -277,6 +320,12 @@ ssize_t transmit(stream& s, const void* buffer, size_t length, int flags) {
   }
 
   redirect::channel& ch = *s.chan;
+  if (tcp_failed(s)) return write_after_tcp_failed(s, flags);
+  auto write_failed = [&](const std::error_code& e) {
+    if (s.tcp_error.load() != 0) return write_after_tcp_failed(s, flags);
+    if (e == errc::peer_gone || e == errc::closed) return broken_pipe(flags);
+    return fail(errno_for(e));
+  };
   if (wants_no_wait(s, flags)) {
     for (int attempt = 0; attempt < 64; ++attempt) {
       auto n = ch.write(buffer, length);
@@ -284,21 +333,24 @@ ssize_t transmit(stream& s, const void* buffer, size_t length, int flags) {
         s.channel_out += *n;
         return static_cast<ssize_t>(*n);
       }
-      if (!n.is(errc::would_block)) {
-        return n.is(errc::peer_gone) || n.is(errc::closed) ? broken_pipe(flags)
-                                                           : fail(errno_for(n.error()));
-      }
+      if (!n.is(errc::would_block)) return write_failed(n.error());
       if (ch.prepare_sleep(redirect::sleep_reason::space)) break;
     }
     return fail(EAGAIN);
   }
   auto n = ch.write(buffer, length, true, s.send_timeout.load());
-  if (!n) {
-    if (n.is(errc::peer_gone) || n.is(errc::closed)) return broken_pipe(flags);
-    return fail(errno_for(n.error()));
-  }
+  if (!n) return write_failed(n.error());
   s.channel_out += *n;
   return static_cast<ssize_t>(*n);
+}
+
+void note_tcp_error(stream& s, int error) {
+  int none = 0;
+  if (s.tcp_error.compare_exchange_strong(none, error))
+    log(2, "fd %d: the TCP connection failed (%s): the stream ends", s.fd.load(),
+        std::strerror(error));
+  s.tcp_eof.store(true);
+  if (s.chan) s.chan->stop_writing();
 }
 
 bool raw_prefix_done(stream& s) {

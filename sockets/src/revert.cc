@@ -98,8 +98,8 @@ void drain_doorbells(stream& s) {
     ssize_t n = ::recv(s.fd, scratch, sizeof scratch, MSG_PEEK | MSG_DONTWAIT);
     if (n <= 0) {
       if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && errno == ECONNRESET) s.tcp_reset.store(true);
-      if (n == 0 || errno != EAGAIN) s.tcp_eof.store(true);
+      if (n < 0 && errno != EAGAIN) note_tcp_error(s, errno);
+      if (n == 0) s.tcp_eof.store(true);
       return;
     }
     const record_scan scan = scan_records(std::span(scratch, static_cast<std::size_t>(n)));

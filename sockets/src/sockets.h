@@ -82,8 +82,12 @@ struct stream {
   std::atomic<bool> in_switched{false};
 
   std::atomic<bool> write_shut{false}, read_shut{false};
-  std::atomic<bool> tcp_eof{false};    // the peer's TCP side ended (FIN or reset)
-  std::atomic<bool> tcp_reset{false};  // ... by a reset
+  std::atomic<bool> tcp_eof{false};  // the peer's TCP side ended (FIN or an error)
+  // ... by an error the kernel found (a reset, a keepalive or user timeout):
+  // its errno, reported once by the next call, as the kernel's socket error.
+  std::atomic<int> tcp_error{0};
+  std::atomic<bool> tcp_error_told{false};
+  std::atomic<std::int64_t> next_tcp_look{0};  // see tcp_failed() (io.cc)
   std::atomic<int> pending_error{0};   // an error to report on the next call (errno)
   std::atomic<std::uint64_t> doorbells_in{0};
   // Sleeping on the doorbell (handshake.cc, sleep_on_doorbell).
@@ -187,6 +191,9 @@ std::size_t take_stash(stream& s, void* buffer, std::size_t length, bool consume
 void forget_epoll_set(int fd);
 
 // --- io.cc
+// The kernel ended the TCP connection under an upgraded stream with
+// `error`: the stream ends too (a writer blocked on the channel returns).
+void note_tcp_error(stream& s, int error);
 // True once every raw byte the peer sent before its switch has been read
 // (then marks the stream switched in).
 bool raw_prefix_done(stream& s);
