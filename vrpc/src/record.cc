@@ -228,7 +228,10 @@ bool record_stream::write_all(iovec* iov, int count) {
     msghdr m{};
     m.msg_iov = iov;
     m.msg_iovlen = static_cast<std::size_t>(count);
-    ssize_t n = sockets::sendmsg(fd_, &m, MSG_NOSIGNAL);
+    // No MSG_NOSIGNAL: libtirpc writes with write(2), so a peer that reset
+    // the connection raises SIGPIPE, and a program that relies on (or
+    // handles) that must see it under vRPC too.
+    ssize_t n = sockets::sendmsg(fd_, &m, 0);
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return fail(failure::timed_out, errno);

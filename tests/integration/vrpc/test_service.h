@@ -1,7 +1,7 @@
 // tests/integration/vrpc/test_service.h: a small RPC program for the vrpc
 // tests and benchmark, written against libtirpc's C API as rpcgen output
-// would be, and a server that serves it over UDP, TCP and vRPC at once with
-// one unmodified svc_run().
+// would be, a server that serves it over UDP, TCP and vRPC at once with one
+// unmodified svc_run(), and that server as a child process of the test.
 #pragma once
 
 #include <arpa/inet.h>
@@ -9,10 +9,12 @@
 #include <rpc/rpc.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -173,5 +175,44 @@ inline ports start_server(bool portmap) {
   svc_run();
   _exit(6);
 }
+
+// A server child; killed when the fixture ends.
+class server_process {
+ public:
+  server_process() {
+    int fds[2];
+    if (pipe(fds) != 0) std::abort();
+    pid_ = fork();
+    if (pid_ == 0) {
+      close(fds[0]);
+      serve(fds[1]);
+    }
+    close(fds[1]);
+    if (read(fds[0], &ports_, sizeof ports_) != static_cast<ssize_t>(sizeof ports_)) ports_ = {};
+    close(fds[0]);
+  }
+  ~server_process() { kill(); }
+  server_process(const server_process&) = delete;
+  server_process& operator=(const server_process&) = delete;
+  pid_t pid() const { return pid_; }
+  void kill() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+  const struct ports& port() const { return ports_; }
+  sockaddr_in address(unsigned short port) const {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(port);
+    return a;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  struct ports ports_;
+};
 
 }  // namespace vrpc_test
