@@ -13,9 +13,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <optional>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "support/fault.h"
 
 namespace {
 
@@ -599,6 +604,151 @@ void too_long_plain() {
   gsync();
 }
 
+// ---------------------------------------------------------------- faults
+// Checksummed streams of messages (tests/support/fault.h) while a node is
+// stopped or killed. Nodes learn each other's pids in-band: the faults are
+// injected by the job's own nodes, on nodes of the same job.
+
+constexpr long fault_stream_bytes = 16L << 20;
+
+long exchange_pids(long with) {
+  long mine = ::getpid(), theirs = 0;
+  if (me < with) {
+    csend(40, ptr(&mine), sizeof mine, with, 0);
+    crecv(41, ptr(&theirs), sizeof theirs);
+  } else {
+    crecv(40, ptr(&theirs), sizeof theirs);
+    csend(41, ptr(&mine), sizeof mine, with, 0);
+  }
+  return theirs;
+}
+
+// Message sizes of one stream: 1 B .. 1 MiB, log-uniform, the same sequence
+// on both nodes.
+long next_size(std::mt19937_64& rng, long left) {
+  long n = 1 + static_cast<long>(rng() % (std::uint64_t{1} << (rng() % 21)));
+  return std::min(n, left);
+}
+
+// Sends `bytes` of pattern `seed` from `from` to `to` in messages of type
+// `type`; the receiver checks each at its stream offset and the sizes.
+// `during(sent_or_received)` runs on both sides after every message.
+void patterned_stream(long from, long to, long type, std::uint64_t seed, long bytes,
+                      const std::function<void(long)>& during) {
+  std::mt19937_64 rng(seed);
+  std::vector<unsigned char> buffer(1 << 20);
+  vmmc::test::fault::stream_verifier v(seed);
+  for (long at = 0; at < bytes;) {
+    long n = next_size(rng, bytes - at);
+    if (me == from) {
+      vmmc::test::fault::fill_pattern(seed, static_cast<std::uint64_t>(at), buffer.data(),
+                                      static_cast<std::size_t>(n));
+      csend(type, ptr(buffer.data()), n, to, 0);
+    } else if (me == to) {
+      crecv(type, ptr(buffer.data()), static_cast<long>(buffer.size()));
+      CHECK(infocount() == n && infonode() == from);
+      if (!v.feed(buffer.data(), static_cast<std::size_t>(n))) {
+        std::fprintf(stderr, "node %ld: %s\n", me, v.error().c_str());
+        CHECK(v.ok());
+      }
+    }
+    at += n;
+    if (during) during(at);
+  }
+  if (me == to) {
+    CHECK(v.verified() == static_cast<std::uint64_t>(bytes));
+    std::uint64_t sum = v.checksum();
+    csend(type + 1, ptr(&sum), sizeof sum, from, 0);
+  } else if (me == from) {
+    std::uint64_t sum = 0;
+    crecv(type + 1, ptr(&sum), sizeof sum);
+    CHECK(sum == vmmc::test::fault::pattern_checksum(seed, static_cast<std::uint64_t>(bytes)));
+  }
+}
+
+void stopped() {
+  // Node 0 stops node 1 for a second (1) while it sends to it: its sends
+  // fill node 1's ring and mailbox and wait; (2) while node 1 sends to it,
+  // a quarter into the stream. Both streams arrive whole and in order.
+  using clock_type = std::chrono::steady_clock;
+  if (me > 1) return gsync();
+  long peer = exchange_pids(1 - me);
+  std::optional<vmmc::test::fault::paused_for> pause;
+  auto stop_peer = [&] {
+    pause.emplace(static_cast<pid_t>(peer), std::chrono::milliseconds(1000));
+    CHECK(pause->ok());
+  };
+  auto start = clock_type::now();
+  if (me == 0) stop_peer();
+  patterned_stream(0, 1, 50, 11, fault_stream_bytes, {});
+  if (me == 0) {
+    CHECK(clock_type::now() - start >= std::chrono::milliseconds(900));
+    pause.reset();
+  }
+  start = clock_type::now();
+  patterned_stream(1, 0, 60, 12, fault_stream_bytes, [&](long at) {
+    if (me == 0 && !pause && at >= fault_stream_bytes / 4) stop_peer();
+  });
+  if (me == 0) {
+    CHECK(pause.has_value());
+    CHECK(clock_type::now() - start >= std::chrono::milliseconds(900));
+    pause.reset();
+  }
+  gsync();
+}
+
+void killed_mid_stream() {
+  // Node 1 streams to node 0 until node 0, having verified 8 MiB, kills it;
+  // node 2 waits for a message from node 1 that never comes. Node 0 then
+  // takes what was on its way (verified) and must get EQNODEGONE; the
+  // launcher ends the job with an error either way, never a hang.
+  constexpr std::uint64_t seed = 13;
+  constexpr long kill_after = 8L << 20;
+  long peer = me <= 1 ? exchange_pids(1 - me) : 0;
+  if (me == 1) {
+    std::mt19937_64 rng(seed);
+    std::vector<unsigned char> buffer(1 << 20);
+    for (long at = 0;;) {  // ends when killed
+      long n = next_size(rng, 1L << 40);
+      vmmc::test::fault::fill_pattern(seed, static_cast<std::uint64_t>(at), buffer.data(),
+                                      static_cast<std::size_t>(n));
+      csend(70, ptr(buffer.data()), n, 0, 0);
+      at += n;
+    }
+  }
+  if (me == 2) {
+    char b[4];
+    crecv(71, b, 4);  // never sent
+    return;
+  }
+  std::vector<unsigned char> buffer(1 << 20);
+  vmmc::test::fault::stream_verifier v(seed);
+  bool killed = false;
+  for (;;) {
+    long n = _crecv(70, ptr(buffer.data()), static_cast<long>(buffer.size()));
+    if (n < 0) {
+      int error = errno;
+      std::printf("node 0: errno %d (%s) after %llu verified bytes\n", error,
+                  error == EQNODEGONE ? "EQNODEGONE" : "other",
+                  static_cast<unsigned long long>(v.verified()));
+      std::fflush(stdout);
+      CHECK(killed && error == EQNODEGONE);
+      std::exit(0);
+    }
+    if (!v.feed(buffer.data(), static_cast<std::size_t>(n))) {
+      std::fprintf(stderr, "node 0: %s\n", v.error().c_str());
+      CHECK(v.ok());
+    }
+    if (!killed && v.verified() >= static_cast<std::uint64_t>(kill_after)) {
+      std::printf("node 0: verified %llu bytes; killing node 1\n",
+                  static_cast<unsigned long long>(v.verified()));
+      std::fflush(stdout);
+      CHECK(vmmc::test::fault::kill_peer(static_cast<pid_t>(peer), SIGKILL) == 0);
+      killed = true;
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -631,6 +781,12 @@ int main(int argc, char** argv) {
     vanished();
   } else if (suite == "killproc") {
     kill_a_node();
+  } else if (suite == "stopped") {
+    CHECK(nodes >= 2);
+    stopped();
+  } else if (suite == "killed_mid_stream") {
+    CHECK(nodes == 3);
+    killed_mid_stream();
   } else if (suite == "too_long") {
     too_long_plain();
   } else {

@@ -4,6 +4,8 @@
 #include <sys/wait.h>
 
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 namespace {
@@ -103,4 +105,40 @@ TEST(nx_mpirun, killed_node_ends_the_job_with_an_error) {
   int status = run(mpirun(3, "killed"), 40);
   EXPECT_NE(status, 0);
   EXPECT_NE(status, 124) << "the job hung";
+}
+
+// ---- Faults (integration.nx.faults): checksummed message streams while a
+// node is stopped (SIGSTOP) for a second or killed (nx_cases suites
+// "stopped" and "killed_mid_stream"; the nodes exchange pids in-band).
+
+TEST(nx_faults, stopped_node_delays_the_stream_but_loses_nothing) {
+  EXPECT_EQ(run(nxrun(2, "stopped"), 60), 0);
+}
+
+TEST(nx_faults, stopped_node_over_fabric_tcp_and_shm) {
+  for (const char* provider : {"tcp", "shm"}) {
+    const std::string env =
+        std::string("env VMMC_CORE_MAPPED=0 VMMC_CORE_PROVIDERS=") + provider + " ";
+    EXPECT_EQ(run(env + nxrun(2, "stopped"), 60), 0) << provider;
+  }
+}
+
+// Node 0 kills node 1 mid-stream: the job ends with an error (the launcher's
+// rule for a node killed by a signal), not a hang; what node 0 received was
+// intact; if node 0 got to ask for more before the launcher ended it, NX
+// told it EQNODEGONE.
+TEST(nx_faults, node_killed_mid_stream_is_an_error_not_a_hang) {
+  const std::string log = testing::TempDir() + "nx_killed_mid_stream.log";
+  int status = run(nxrun(3, "killed_mid_stream") + " > " + log + " 2>&1", 40);
+  std::ifstream in(log);
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string out = text.str();
+  EXPECT_EQ(status, 1) << out;
+  EXPECT_NE(out.find("node 0: verified"), std::string::npos) << out;
+  EXPECT_EQ(out.find("CHECK("), std::string::npos) << out;
+  if (out.find("node 0: errno") != std::string::npos) {
+    EXPECT_NE(out.find("(EQNODEGONE)"), std::string::npos) << out;
+  }
+  std::printf("[ faults   ] %s", out.c_str());
 }

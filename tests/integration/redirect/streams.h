@@ -138,6 +138,21 @@ inline std::string describe(const std::error_code& e) {
   return e ? e.message() + " (" + std::to_string(e.value()) + ")" : "ok";
 }
 
+// The passive end's side of the set-up when the active end is another
+// process: accept_peer polled until it completes or `timeout` passed.
+inline result<std::string> accept_within(redirect::channel& passive, std::string_view hello,
+                                         std::chrono::milliseconds timeout) {
+  result<std::string> accepted = errc::would_block;
+  pump(
+      {&passive},
+      [&] {
+        accepted = passive.accept_peer(hello);
+        return !accepted.is(errc::would_block);
+      },
+      timeout);
+  return accepted;
+}
+
 // Runs the set-up between `passive` and `active`: connect, then accept_peer
 // and peer_hello polled until both complete; checks both hellos.
 inline void handshake(redirect::channel& passive, redirect::channel& active,

@@ -41,16 +41,7 @@ int passive_child(const transport& t, int to_parent, std::uint64_t length) {
   auto ch = channel::create(c, options());
   if (!ch) return 2;
   child_process::send_line(to_parent, ch->descriptor());
-  result<std::string> accepted = errc::would_block;
-  if (!pump(
-          {&*ch},
-          [&] {
-            accepted = ch->accept_peer("child");
-            return !accepted.is(errc::would_block);
-          },
-          10s) ||
-      !accepted)
-    return 3;
+  if (!accept_within(*ch, "child", 10s)) return 3;
   const pattern_stream s(7);
   std::uint64_t written = 0;
   while (written < length) {

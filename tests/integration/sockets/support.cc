@@ -13,7 +13,6 @@
 #include <sys/wait.h>
 
 #include <algorithm>
-#include <bit>
 #include <cerrno>
 #include <cstring>
 #include <map>
@@ -68,15 +67,6 @@ void on_watchdog(int) {
   [[maybe_unused]] ssize_t n = ::write(2, watchdog_message, watchdog_length);
   ::_exit(124);
 }
-
-std::uint64_t pattern_word(std::uint64_t seed, std::uint64_t index) {
-  std::uint64_t z = seed + (index + 1) * 0x9E3779B97F4A7C15ull;  // splitmix64
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-static_assert(std::endian::native == std::endian::little, "the pattern assumes little endian");
 
 // 1 B .. 1 MiB, log-uniform: tiny pieces are as common as large ones.
 std::size_t random_size(std::mt19937_64& rng) {
@@ -446,74 +436,12 @@ int send_until_broken(const api& a, int fd, bool nosignal, std::chrono::millisec
   return 0;
 }
 
-// ---- Pattern and checksum.
-
-unsigned char pattern_byte(std::uint64_t seed, std::uint64_t offset) {
-  return static_cast<unsigned char>(pattern_word(seed, offset >> 3) >> (8 * (offset & 7)));
-}
-
-void fill_pattern(std::uint64_t seed, std::uint64_t offset, unsigned char* data,
-                  std::size_t length) {
-  std::size_t i = 0;
-  for (; i < length && ((offset + i) & 7) != 0; ++i) data[i] = pattern_byte(seed, offset + i);
-  for (; i + 8 <= length; i += 8) {
-    std::uint64_t word = pattern_word(seed, (offset + i) >> 3);
-    std::memcpy(data + i, &word, 8);
-  }
-  for (; i < length; ++i) data[i] = pattern_byte(seed, offset + i);
-}
-
-std::vector<unsigned char> pattern(std::uint64_t seed, std::size_t length) {
-  std::vector<unsigned char> v(length);
-  fill_pattern(seed, 0, v.data(), length);
-  return v;
-}
-
-std::size_t check_pattern(std::uint64_t seed, std::uint64_t offset, const unsigned char* data,
-                          std::size_t length) {
-  std::size_t i = 0;
-  for (; i < length && ((offset + i) & 7) != 0; ++i)
-    if (data[i] != pattern_byte(seed, offset + i)) return i;
-  for (; i + 8 <= length; i += 8) {
-    std::uint64_t word;
-    std::memcpy(&word, data + i, 8);
-    if (word != pattern_word(seed, (offset + i) >> 3)) break;
-  }
-  for (; i < length; ++i)
-    if (data[i] != pattern_byte(seed, offset + i)) return i;
-  return length;
-}
-
-void stream_checksum::update(const unsigned char* data, std::size_t length) {
-  std::size_t i = 0;
-  auto add_byte = [&](unsigned char b) {
-    partial_ |= std::uint64_t{b} << (8 * filled_);
-    if (++filled_ == 8) {
-      mix(partial_);
-      partial_ = 0;
-      filled_ = 0;
-    }
-  };
-  for (; i < length && filled_ != 0; ++i) add_byte(data[i]);
-  for (; i + 8 <= length; i += 8) {
-    std::uint64_t word;
-    std::memcpy(&word, data + i, 8);
-    mix(word);
-  }
-  for (; i < length; ++i) add_byte(data[i]);
-}
-
-std::uint64_t stream_checksum::value() const {
-  stream_checksum last = *this;
-  last.mix(partial_ ^ (std::uint64_t{filled_} << 56));
-  return last.sum_;
-}
-
 // ---- Full-duplex patterned stream.
 
 stream_result stream_both_ways(const api& a, int fd, std::uint64_t bytes, std::uint64_t send_seed,
                                std::uint64_t recv_seed, std::uint64_t rng_seed,
-                               const std::function<void(const stream_result&)>& at_end) {
+                               const std::function<void(const stream_result&)>& at_end,
+                               const std::function<void(std::uint64_t)>& on_read) {
   constexpr std::size_t buffer_size = (1u << 20) + 4 * 64;  // 1 MiB plus scatter gaps
   stream_result r;
   std::string write_error;
@@ -602,11 +530,15 @@ stream_result stream_both_ways(const api& a, int fd, std::uint64_t bytes, std::u
       r.received += part;
       left -= part;
     }
+    if (on_read && r.error.empty()) on_read(r.received);
   }
   r.received_checksum = sum.value();
   if (!r.error.empty()) a.shutdown(fd, SHUT_RDWR);  // so our writer stops too
   writer.join();
-  if (r.error.empty()) r.error = write_error;
+  // A failed write shuts the socket down, so the reader's error may be only
+  // the consequence: the writer's comes first.
+  if (!write_error.empty())
+    r.error = r.error.empty() ? write_error : write_error + "; then the reader: " + r.error;
   if (r.error.empty() && at_end) at_end(r);
   if (r.error.empty()) {
     // Nothing may follow the stream: half-close, then the peer's EOF.

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "integration/sockets/api.h"
+#include "support/fault.h"
 
 namespace vmmc::test {
 
@@ -82,6 +83,7 @@ class peer {
   // remaining "fail" lines.
   int wait(std::chrono::milliseconds deadline = 10s);
   void kill_now();
+  pid_t pid() const { return pid_; }
 
  private:
   std::string role_;
@@ -182,32 +184,14 @@ int send_until_broken(const api& a, int fd, bool nosignal, std::chrono::millisec
 // "" or what it saw instead (bytes in hex, or the error).
 std::string check_eof(const api& a, int fd);
 
-// ---- The data pattern: byte i of a stream with seed s is a function of
-// (s, i), so a receiver verifies every byte at its offset; reordering, loss
-// or duplication shows at the first wrong offset.
+// ---- The data pattern and checksum: fault.h's (byte i of a stream with seed
+// s is a function of (s, i), so a receiver verifies every byte at its offset).
 
-void fill_pattern(std::uint64_t seed, std::uint64_t offset, unsigned char* data,
-                  std::size_t length);
-std::vector<unsigned char> pattern(std::uint64_t seed, std::size_t length);
-// Index of the first byte of `data` (at stream `offset`) that is not the
-// pattern, or `length` if all are.
-std::size_t check_pattern(std::uint64_t seed, std::uint64_t offset, const unsigned char* data,
-                          std::size_t length);
-unsigned char pattern_byte(std::uint64_t seed, std::uint64_t offset);
-
-// An order-sensitive 64-bit checksum over a byte stream that does not depend
-// on how the stream was cut into pieces.
-class stream_checksum {
- public:
-  void update(const unsigned char* data, std::size_t length);
-  std::uint64_t value() const;
-
- private:
-  void mix(std::uint64_t word) { sum_ = (sum_ ^ word) * 0x100000001B3ull + 0x9E3779B97F4A7C15ull; }
-  std::uint64_t sum_ = 0xCBF29CE484222325ull;
-  std::uint64_t partial_ = 0;
-  unsigned filled_ = 0;
-};
+using fault::check_pattern;
+using fault::fill_pattern;
+using fault::pattern;
+using fault::pattern_byte;
+using fault::stream_checksum;
 
 // One end of a full-duplex patterned stream: a writer thread sends `bytes`
 // bytes of pattern `send_seed` in random pieces (1 B .. 1 MiB, write / writev /
@@ -215,6 +199,8 @@ class stream_checksum {
 // (read / readv / recv), verifying every byte. Then it half-closes and expects
 // EOF, so the peer must not send a byte more. `at_end` runs when all bytes
 // went both ways, before the half-close (for checks on the open connection).
+// `on_read`, if given, runs on the reading thread after each read with the
+// bytes received so far (for faults injected mid-stream).
 struct stream_result {
   std::uint64_t sent = 0, received = 0;
   std::uint64_t sent_checksum = 0, received_checksum = 0;
@@ -223,7 +209,8 @@ struct stream_result {
 };
 stream_result stream_both_ways(const api& a, int fd, std::uint64_t bytes, std::uint64_t send_seed,
                                std::uint64_t recv_seed, std::uint64_t rng_seed,
-                               const std::function<void(const stream_result&)>& at_end = {});
+                               const std::function<void(const stream_result&)>& at_end = {},
+                               const std::function<void(std::uint64_t)>& on_read = {});
 
 // Random bytes, for garbage.
 std::vector<unsigned char> random_bytes(std::size_t length, std::uint64_t seed);
