@@ -18,6 +18,7 @@
 #include <sys/select.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -816,6 +817,130 @@ int settings_case() {
   return 0;
 }
 
+// ---- sockperf's ping-pong, call for call (issue 14): TCP_NODELAY at both
+// ends; the client sendto()s an m-byte message (with an address, on the
+// connected stream, MSG_NOSIGNAL) that starts with its sequence number, then
+// recvfrom()s until the m bytes are back; the server recvfrom()s up to 65507
+// bytes and sendto()s what it got to a meaningless address. Both block; the
+// client's run ends with a SIGALRM from setitimer, no SA_RESTART. Each
+// direction carries the same stream: byte o of it is pingpong_byte(o, m), so
+// a stale, doubled or reordered byte, or a reply to a message not yet sent,
+// fails at either end.
+unsigned char pingpong_byte(std::uint64_t o, std::uint64_t m) {
+  std::uint64_t seq = o / m + 1, within = o % m;
+  return within < 8 ? static_cast<unsigned char>(seq >> (8 * (7 - within))) : pattern(o);
+}
+void pingpong_check(const char* p, std::size_t n, std::uint64_t at, std::uint64_t m,
+                    const char* who) {
+  for (std::size_t i = 0; i < n; ++i)
+    if (static_cast<unsigned char>(p[i]) != pingpong_byte(at + i, m)) {
+      std::fprintf(stderr, "[%d] FAIL: %s: byte %llu of the stream (message %llu) is wrong\n",
+                   ::getpid(), who, static_cast<unsigned long long>(at + i),
+                   static_cast<unsigned long long>((at + i) / m + 1));
+      std::exit(1);
+    }
+}
+void nodelay(int fd) {
+  int one = 1;
+  check(::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) == 0, "TCP_NODELAY");
+}
+
+int pingpong_server(std::uint64_t m) {
+  int port;
+  int lfd = listen_on(port);
+  nodelay(lfd);
+  tell_port(port);
+  int c = ::accept(lfd, nullptr, nullptr);
+  check(c >= 0, "accept");
+  nodelay(c);
+  std::vector<char> buf(65507);
+  sockaddr_in junk{};  // what sockperf's server passes: ignored on a stream
+  std::memset(&junk, 0x5a, sizeof junk);
+  std::uint64_t at = 0;
+  while (true) {
+    sockaddr_in from{};
+    socklen_t len = sizeof from;
+    ssize_t n = ::recvfrom(c, buf.data(), buf.size(), MSG_NOSIGNAL,
+                           reinterpret_cast<sockaddr*>(&from), &len);
+    if (n < 0 && errno == EINTR) continue;
+    check(n >= 0, "server recvfrom");
+    if (n == 0) break;
+    pingpong_check(buf.data(), static_cast<std::size_t>(n), at, m, "server");
+    at += static_cast<std::uint64_t>(n);
+    for (ssize_t off = 0; off < n;) {
+      ssize_t w = ::sendto(c, buf.data() + off, static_cast<std::size_t>(n - off), MSG_NOSIGNAL,
+                           reinterpret_cast<sockaddr*>(&junk), sizeof junk);
+      if (w < 0 && errno == EINTR) continue;
+      check(w > 0, "server sendto");
+      off += w;
+    }
+  }
+  check(at % m == 0, "server: the stream ended inside a message");
+  ::close(c);
+  ::close(lfd);
+  return 0;
+}
+
+volatile sig_atomic_t pingpong_stop = 0;
+int pingpong_client(int port, std::uint64_t m, long ms) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  check(fd >= 0, "socket");
+  nodelay(fd);
+  sockaddr_in peer{};
+  peer.sin_family = AF_INET;
+  peer.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  peer.sin_port = htons(static_cast<std::uint16_t>(port));
+  check(::connect(fd, reinterpret_cast<sockaddr*>(&peer), sizeof peer) == 0, "connect");
+  struct sigaction sa{};
+  sa.sa_handler = [](int) { pingpong_stop = 1; };
+  ::sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;  // no SA_RESTART, as sockperf: blocked calls end with EINTR
+  ::sigaction(SIGALRM, &sa, nullptr);
+  itimerval timer{};
+  timer.it_value.tv_sec = ms / 1000;
+  timer.it_value.tv_usec = (ms % 1000) * 1000;
+  ::setitimer(ITIMER_REAL, &timer, nullptr);
+  std::vector<char> out(m), in(m);
+  std::uint64_t at = 0, rounds = 0;
+  while (!pingpong_stop) {
+    for (std::size_t i = 0; i < m; ++i) out[i] = static_cast<char>(pingpong_byte(at + i, m));
+    for (std::size_t off = 0; off < m;) {
+      ssize_t w = ::sendto(fd, out.data() + off, m - off, MSG_NOSIGNAL,
+                           reinterpret_cast<sockaddr*>(&peer), sizeof peer);
+      if (w < 0 && errno == EINTR) continue;
+      check(w > 0, "client sendto");
+      off += static_cast<std::size_t>(w);
+    }
+    for (std::size_t got = 0; got < m;) {
+      sockaddr_in from{};
+      socklen_t len = sizeof from;
+      ssize_t n = ::recvfrom(fd, in.data() + got, m - got, MSG_NOSIGNAL,
+                             reinterpret_cast<sockaddr*>(&from), &len);
+      if (n < 0 && errno == EINTR) continue;
+      check(n > 0, "client recvfrom");
+      pingpong_check(in.data() + got, static_cast<std::size_t>(n), at + got, m, "client");
+      got += static_cast<std::size_t>(n);
+    }
+    at += m;
+    ++rounds;
+    if (rounds == 4) expect_path(fd, true, "ping-pong client");
+  }
+  ::signal(SIGALRM, SIG_DFL);
+  ::alarm(static_cast<unsigned>(30 * vmmc::test::time_scale()));
+  std::fprintf(stderr, "ping-pong %llu B: %llu round trips in %ld ms (%.3f us one-way)\n",
+               static_cast<unsigned long long>(m), static_cast<unsigned long long>(rounds), ms,
+               rounds ? static_cast<double>(ms) * 1000 / static_cast<double>(rounds) / 2 : 0.0);
+  check(rounds >= 4, "a few round trips");
+  finish(fd);
+  return 0;
+}
+
+int pingpong_case() {
+  for (const char* size : {"14", "64", "1000", "65000"})
+    serve_clients({"pingpong-server", size}, {"pingpong-client", size, "1500"});
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -849,6 +974,7 @@ int main(int argc, char** argv) {
   if (role == "forking-client") return forking_client(static_cast<int>(arg(2)));
   if (role == "settings") return settings_case();
   if (role == "bulk") return bulk_case(static_cast<std::uint64_t>(arg(2)) << 20);
+  if (role == "pingpong") return pingpong_case();
   // Peers.
   if (role == "epoll-server") return epoll_server(static_cast<int>(arg(2)), arg(3) != 0);
   if (role == "select-server") return select_server(static_cast<int>(arg(2)), arg(3) != 0);
@@ -862,6 +988,9 @@ int main(int argc, char** argv) {
   if (role == "exec-service") return exec_service(static_cast<int>(arg(2)));
   if (role == "inetd-service") return inetd_service();
   if (role == "sink-server") return sink_server(static_cast<std::uint64_t>(arg(2)));
+  if (role == "pingpong-server") return pingpong_server(static_cast<std::uint64_t>(arg(2)));
+  if (role == "pingpong-client")
+    return pingpong_client(static_cast<int>(arg(2)), static_cast<std::uint64_t>(arg(3)), arg(4));
   std::fprintf(stderr, "unknown case %s\n", role.c_str());
   return 2;
 }
