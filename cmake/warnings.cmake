@@ -20,9 +20,11 @@ if(vmmc_sanitizer_flags)
   add_compile_options(${vmmc_sanitizer_flags} -fno-omit-frame-pointer)
   add_link_options(${vmmc_sanitizer_flags})
 endif()
-# TSan cannot see std::timed_mutex's locks without this shim (see the file);
-# every target of the thread build links it (tests preload it, too).
+# TSan cannot see std::timed_mutex's locks, nor tell a fork() child's new
+# threads from its parent's, without these shims (see the files); every
+# target of the thread build links them (tests preload them, too).
 if(VMMC_SANITIZE STREQUAL "thread")
-  add_library(vmmc_tsan_clocklock SHARED ${PROJECT_SOURCE_DIR}/tests/sanitizers/tsan_clocklock.c)
+  add_library(vmmc_tsan_clocklock SHARED ${PROJECT_SOURCE_DIR}/tests/sanitizers/tsan_clocklock.c
+                                         ${PROJECT_SOURCE_DIR}/tests/sanitizers/tsan_fork.c)
   link_libraries(vmmc_tsan_clocklock)
 endif()

@@ -1,15 +1,15 @@
 # Sanitizer builds (-DVMMC_SANITIZE=address|thread): how every test runs.
 #
-# - VMMC_PRELOAD_RUNTIME: an instrumented interposer preloaded into a program
-#   (ours or Debian's) needs the sanitizer runtime loaded before it, so tests
-#   put this prefix in front of the module in LD_PRELOAD ("" otherwise).
+# - vmmc_preload_list(<var> <module>): the LD_PRELOAD value that puts an
+#   instrumented interposer into a program (ours or Debian's), with the
+#   sanitizer runtime where that sanitizer needs it.
 # - vmmc_sanitize_tests(): gives every test of a directory the sanitizer
 #   options: suppressions from this folder, and a log_path, so a report in
 #   any process a test starts (a forked child, an exec'd program, a preloaded
 #   Debian program) lands in <build>/sanitizer-reports/ even when the test
 #   never looks at that process's exit status. scripts/test.sh fails the run
 #   when that folder is not empty afterwards.
-set(VMMC_PRELOAD_RUNTIME "")
+set(vmmc_preload_runtime "")
 set(VMMC_SANITIZER_REPORTS ${PROJECT_BINARY_DIR}/sanitizer-reports)
 set(vmmc_sanitizer_dir ${CMAKE_CURRENT_LIST_DIR})
 set(vmmc_tsan_time_scale 4)  # TSan's slowdown on our tests, rounded up
@@ -22,11 +22,27 @@ if(vmmc_runtime_name)
   execute_process(COMMAND ${CMAKE_CXX_COMPILER} -print-file-name=${vmmc_runtime_name}
                   OUTPUT_VARIABLE vmmc_runtime OUTPUT_STRIP_TRAILING_WHITESPACE)
   get_filename_component(vmmc_runtime ${vmmc_runtime} REALPATH)
-  set(VMMC_PRELOAD_RUNTIME "${vmmc_runtime}:")
+  set(vmmc_preload_runtime "${vmmc_runtime}")
   if(TARGET vmmc_tsan_clocklock)
-    string(APPEND VMMC_PRELOAD_RUNTIME "$<TARGET_FILE:vmmc_tsan_clocklock>:")
+    string(APPEND vmmc_preload_runtime ":$<TARGET_FILE:vmmc_tsan_clocklock>")
   endif()
 endif()
+
+# ASan: its runtime first, as it requires. TSan: the module first, so that
+# the program's poll/select/epoll_wait/accept reach our interposer before
+# TSan's interceptor: a blocking interceptor runs the function it wraps with
+# interceptors off, which would hide every lock our interposer takes in
+# there and report what they protect as races. libtsan still initialises
+# before the module, as its dependency.
+function(vmmc_preload_list var module)
+  if(VMMC_SANITIZE STREQUAL "address")
+    set(${var} "${vmmc_preload_runtime}:${module}" PARENT_SCOPE)
+  elseif(VMMC_SANITIZE STREQUAL "thread")
+    set(${var} "${module}:${vmmc_preload_runtime}" PARENT_SCOPE)
+  else()
+    set(${var} "${module}" PARENT_SCOPE)
+  endif()
+endfunction()
 
 # vmmc_sanitize_tests(): every test of the calling directory (CMake 3.25 sets
 # test properties only from the directory that added the test). Called once,
@@ -58,6 +74,10 @@ function(vmmc_sanitize_directory)
       # die_after_fork=0: a fork() child of ours starts threads (a context
       # of its own); TSan supports that only partly, but it must not die.
       "TSAN_OPTIONS=${common}:halt_on_error=0:second_deadlock_stack=1:die_after_fork=0:suppressions=${vmmc_sanitizer_dir}/tsan.supp"
+      # Cached thread stacks stay mapped (1 GiB of address space, not
+      # memory), so a fork() child's threads get stacks, and ids, of their
+      # own (see tsan_fork.c).
+      "GLIBC_TUNABLES=glibc.pthread.stack_cache_size=1073741824"
       "VMMC_TEST_TIME_SCALE=${vmmc_tsan_time_scale}")
   endif()
   get_property(tests DIRECTORY PROPERTY TESTS)

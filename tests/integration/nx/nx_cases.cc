@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "support/fault.h"
+#include "time_scale.h"
 
 namespace {
 
@@ -571,17 +572,20 @@ void vanished() {
   // must report the lost node to whoever waits for it.
   gsync();
   if (me == nodes - 1) _exit(0);
+  // Node 1 sends once node 0 had the time to learn of the loss (stretched
+  // by the sanitizer builds' time scale: TSan learns it several times later).
+  const auto learned = std::chrono::milliseconds(500) * vmmc::test::time_scale();
   if (me == 0) {
     // A receive that failed must not take a later message into its buffer:
     // node 1's message, sent after node 0 gave up, goes to the next receive.
     char first[4] = {'x', 'x', 'x', 'x'}, second[4] = {};
     CHECK(_crecv(777, first, 4) == -1 && errno == EQNODEGONE);
-    std::this_thread::sleep_for(std::chrono::seconds(1));
+    std::this_thread::sleep_for(2 * learned);
     CHECK(_crecv(777, second, 4) == 4);
     CHECK(std::memcmp(second, "abcd", 4) == 0);
     CHECK(std::memcmp(first, "xxxx", 4) == 0);
   } else if (me == 1) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    std::this_thread::sleep_for(learned);
     CHECK(_csend(777, ptr(const_cast<char*>("abcd")), 4, 0, 0) == 0);
   }
   char b[4];

@@ -14,8 +14,18 @@ preload=$1
 command -v sockperf >/dev/null || { echo "sockperf not installed: skipped"; exit 77; }
 work=$(mktemp -d)
 server=
+# SIGKILL to the server under `timeout` (see stop_server in
+# scripts/preload-demo.sh: sockperf exits from its SIGTERM handler).
+stop_server() {
+  if [[ -n $server ]]; then
+    kill -KILL $(cat "/proc/$server/task/$server/children" 2>/dev/null) 2>/dev/null || true
+    kill "$server" 2>/dev/null || true
+    wait "$server" 2>/dev/null || true
+  fi
+  server=
+}
 cleanup() {
-  if [[ -n $server ]]; then kill "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true; fi
+  stop_server
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -32,9 +42,7 @@ for size in 14 64 1000; do
   VMMC_SOCKETS_LOG_LEVEL=3 LD_PRELOAD=$preload timeout 60 \
     sockperf pp --tcp -i 127.0.0.1 -p "$port" -m "$size" -t 2 --mps=3000000 >"$work/client" 2>&1 ||
     fail "sockperf pp -m $size exited with $?"
-  kill "$server" 2>/dev/null || true
-  wait "$server" 2>/dev/null || true
-  server=
+  stop_server
   grep -q "dropped messages = 0; # duplicated messages = 0; # out-of-order messages = 0" "$work/client" ||
     fail "sockperf pp -m $size: replies lost, doubled or out of order"
   grep -q "writes switched to" "$work/client" || fail "-m $size: the client stayed on TCP"
