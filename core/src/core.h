@@ -273,6 +273,7 @@ class fabric_endpoint final : public registrar {
   const std::vector<std::uint8_t>& name() const { return name_; }
   std::size_t inline_max() const { return inline_max_; }
   std::size_t inject_size() const { return inject_size_; }
+  bool completion_needs_peer() const { return completion_needs_peer_; }
 
   result<fi_addr_t> insert_peer(const std::vector<std::uint8_t>& address);
   void remove_peer(fi_addr_t address);
@@ -358,6 +359,9 @@ class fabric_endpoint final : public registrar {
   bool prov_key_ = false;
   bool local_mr_ = false;
   bool inject_with_context_ = false;  // see inject_write()
+  // shm's large writes are pulled by the target (CMA or its SAR buffers):
+  // their completion waits for the target process to progress.
+  bool completion_needs_peer_ = false;
   std::atomic<std::uint64_t> next_key_{1};
   std::atomic<bool> in_use_{false};
   std::size_t inject_size_ = 0;

@@ -77,6 +77,7 @@ result<std::unique_ptr<fabric_endpoint>> fabric_endpoint::open(const std::string
   e->local_mr_ = info->domain_attr->mr_mode & FI_MR_LOCAL;
   e->inject_size_ = info->tx_attr->inject_size;
   e->inject_with_context_ = std::strstr(info->fabric_attr->prov_name, "ofi_rxm") != nullptr;
+  e->completion_needs_peer_ = short_name == "shm";
 
   if ((rc = fi_fabric(info->fabric_attr, &e->fabric_, nullptr)) ||
       (rc = fi_domain(e->fabric_, info, &e->domain_, nullptr)))

@@ -89,6 +89,11 @@ struct request {
 struct import_info {
   std::uint64_t length;
   rights allowed;
+  // Sends to it complete only when the exporter's process runs (libfabric
+  // shm pulls large transfers from the receiving side): a sender that must
+  // never wait for the peer (a non-blocking stream write) copies its bytes
+  // first instead of lending its buffer until completion.
+  bool completion_needs_peer = false;
 };
 
 struct send_options {
