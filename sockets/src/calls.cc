@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -357,8 +358,11 @@ int ioctl(int fd, unsigned long request, void* argument) {
       if (::ioctl(fd, SIOCATMARK, &at_mark) == 0 && at_mark) {
         // The kernel counts only up to an urgent byte (the peer's offer) at
         // the head; what follows it is what a read returns.
-        thread_local char scratch[65536];
-        ssize_t n = ::recv(fd, scratch, sizeof scratch, MSG_PEEK | MSG_DONTWAIT);
+        // On the heap: a thread_local buffer this size would come out of
+        // every thread's stack as static TLS (small-stack threads fail).
+        constexpr std::size_t peek_max = 65536;
+        auto scratch = std::make_unique<char[]>(peek_max);
+        ssize_t n = ::recv(fd, scratch.get(), peek_max, MSG_PEEK | MSG_DONTWAIT);
         *count = n > 0 ? static_cast<int>(n) : 0;
       }
       if (learn_peer_raw(*s)) {

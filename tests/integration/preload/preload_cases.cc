@@ -10,9 +10,11 @@
 #include <arpa/inet.h>
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/select.h>
@@ -797,6 +799,36 @@ int lazy_case() {
   return 0;
 }
 
+// Threads with the smallest stack POSIX allows (PTHREAD_STACK_MIN, as some
+// RPC and embedded programs use) start under the interposer: glibc takes a
+// thread's static TLS out of its stack, so ours must stay small (a 64 KiB
+// thread_local buffer made pthread_create fail with EINVAL, issue 14).
+int small_stack_case() {
+  for (std::size_t size : {std::size_t{PTHREAD_STACK_MIN}, std::size_t{64} << 10}) {
+    pthread_attr_t attr;
+    check(::pthread_attr_init(&attr) == 0, "pthread_attr_init");
+    check(::pthread_attr_setstacksize(&attr, size) == 0, "pthread_attr_setstacksize");
+    pthread_t t;
+    int e = ::pthread_create(
+        &t, &attr,
+        [](void*) -> void* {
+          int fd = ::socket(AF_INET, SOCK_STREAM, 0);  // through the interposer
+          if (fd >= 0) ::close(fd);
+          return reinterpret_cast<void*>(static_cast<std::intptr_t>(fd >= 0));
+        },
+        nullptr);
+    if (e != 0) {
+      std::fprintf(stderr, "[%d] FAIL: pthread_create with a %zu-byte stack: %s\n", ::getpid(),
+                   size, std::strerror(e));
+      return 1;
+    }
+    void* ok = nullptr;
+    check(::pthread_join(t, &ok) == 0 && ok != nullptr, "socket() on a small stack");
+    ::pthread_attr_destroy(&attr);
+  }
+  return 0;
+}
+
 // VMMC_PRELOAD_ENABLE=0, and VMMC_SOCKETS_EXCLUDE naming the server's port:
 // both ends preloaded, the connection stays kernel TCP.
 int settings_case() {
@@ -973,6 +1005,7 @@ int main(int argc, char** argv) {
   if (role == "epoll-fork") return epoll_fork_case();
   if (role == "forking-client") return forking_client(static_cast<int>(arg(2)));
   if (role == "settings") return settings_case();
+  if (role == "small-stack") return small_stack_case();
   if (role == "bulk") return bulk_case(static_cast<std::uint64_t>(arg(2)) << 20);
   if (role == "pingpong") return pingpong_case();
   // Peers.
