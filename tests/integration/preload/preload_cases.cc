@@ -26,12 +26,14 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "time_scale.h"
@@ -683,6 +685,54 @@ int bulk_case(std::uint64_t total) {
   return 0;
 }
 
+// ---- a process that exits with accelerated connections open (issue 14):
+// returning from main, exit(), or exit() from another thread while the main
+// thread waits in read(). It exits cleanly, and the peer reads every byte
+// it wrote, then an orderly end of stream, as over kernel TCP.
+int exit_sink_server(std::uint64_t total) {
+  int port;
+  int lfd = listen_on(port);
+  tell_port(port);
+  int c = ::accept(lfd, nullptr, nullptr);
+  check(c >= 0, "accept");
+  receive_pattern(c, 0, total);
+  expect_path(c, true, "exit sink");
+  char extra;
+  ssize_t n;
+  while ((n = ::read(c, &extra, 1)) < 0 && errno == EINTR) {
+  }
+  check(n == 0, "an orderly end of stream after the writer exited");
+  ::close(c);
+  return 0;
+}
+
+int exit_writer(int port, std::uint64_t total, const std::string& how) {
+  int fd = connect_to(port);
+  send_pattern(fd, 0, total);  // the sink checks that it came over VMMC
+  if (how == "exit") std::exit(0);
+  if (how == "thread-exit") {
+    std::thread([] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      std::exit(0);
+    }).detach();
+    char c;
+    (void)::read(fd, &c, 1);  // the sink never writes: blocked until exit
+    return 1;
+  }
+  return 0;  // "return": from main, the descriptor still open
+}
+
+int exit_open_case() {
+  for (const char* how : {"return", "exit", "thread-exit"}) {
+    const std::string total = std::to_string(std::uint64_t{8} << 20);
+    int port;
+    pid_t server = spawn_server({"exit-sink", total}, port);
+    reap(spawn({"exit-writer", std::to_string(port), total, how}), how);
+    reap(server, "exit sink");
+  }
+  return 0;
+}
+
 // ---- dup/dup2/F_DUPFD name the same accelerated stream; closing the
 // original keeps the copy working; sendfile and readv/writev go through it.
 int dup_case() {
@@ -1006,6 +1056,10 @@ int main(int argc, char** argv) {
   if (role == "forking-client") return forking_client(static_cast<int>(arg(2)));
   if (role == "settings") return settings_case();
   if (role == "small-stack") return small_stack_case();
+  if (role == "exit-open") return exit_open_case();
+  if (role == "exit-sink") return exit_sink_server(static_cast<std::uint64_t>(arg(2)));
+  if (role == "exit-writer")
+    return exit_writer(static_cast<int>(arg(2)), static_cast<std::uint64_t>(arg(3)), argc > 4 ? argv[4] : "return");
   if (role == "bulk") return bulk_case(static_cast<std::uint64_t>(arg(2)) << 20);
   if (role == "pingpong") return pingpong_case();
   // Peers.
