@@ -128,6 +128,11 @@ class channel::impl {
   std::size_t writable();
   bool at_end();
   bool gone();
+  // What a failed send to the peer means: its area's export is revoked
+  // (core says unknown_handle) when the peer closed or died: peer_gone.
+  std::error_code send_failure(const status& s) {
+    return gone() ? make_error_code(errc::peer_gone) : s.error();
+  }
 
   status put(std::size_t offset, std::uint64_t value, core::send_options how = {}) {
     return to_peer.send(offset, &value, sizeof value, how);
@@ -468,7 +473,7 @@ result<std::size_t> channel::impl::write(const std::byte* data, std::size_t leng
   reap_staged(clock::duration::zero());
   status error;
   std::size_t done = redirect_into_post(data, length, error);
-  if (!error) return error.error();
+  if (!error) return send_failure(error);
   if (done < length) {
     std::uint64_t granted = load(area->credit);
     if (granted > credit) credit = granted;
@@ -478,7 +483,9 @@ result<std::size_t> channel::impl::write(const std::byte* data, std::size_t leng
     std::size_t n = std::min(length - done, space);
     for (std::size_t end = done + n; done < end;) {
       std::size_t piece = std::min(end - done, slice);
-      if (status s = send_slice(data + done, piece, lend); !s) return s.error();
+      // Bytes already placed are reported; the failure comes with the next call.
+      if (status s = send_slice(data + done, piece, lend); !s)
+        return done > 0 ? result<std::size_t>(done) : send_failure(s);
       ring_written += piece;
       stream_sent += piece;
       done += piece;
@@ -487,7 +494,7 @@ result<std::size_t> channel::impl::write(const std::byte* data, std::size_t leng
     // A post that arrived while we wrote is answered now, not later, with
     // what the ring had no room for.
     done += redirect_into_post(data + done, length - done, error);
-    if (!error) return error.error();
+    if (!error) return done > 0 ? result<std::size_t>(done) : send_failure(error);
   }
   if (done == 0) {
     progress();

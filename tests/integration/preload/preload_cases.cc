@@ -733,6 +733,53 @@ int exit_open_case() {
   return 0;
 }
 
+// ---- sendfile() into a peer that closed (issue 14 item 12: EIO under
+// vmmc): EPIPE or ECONNRESET, as kernel TCP gives. The sink reads 16 MiB
+// over VMMC, then closes with bytes unread.
+int closing_sink_server() {
+  int port;
+  int lfd = listen_on(port);
+  tell_port(port);
+  int c = ::accept(lfd, nullptr, nullptr);
+  check(c >= 0, "accept");
+  receive_pattern(c, 0, 16 << 20);
+  expect_path(c, true, "closing sink");
+  ::close(c);
+  return 0;
+}
+
+int sendfile_closed_case() {
+  ::signal(SIGPIPE, SIG_IGN);
+  char name[] = "/tmp/vmmc-sendfile-XXXXXX";
+  int file = ::mkstemp(name);
+  check(file >= 0, "mkstemp");
+  ::unlink(name);
+  const std::uint64_t size = std::uint64_t{64} << 20;
+  std::vector<char> buf(1 << 20);
+  for (std::uint64_t at = 0; at < size; at += buf.size()) {
+    fill(buf.data(), buf.size(), at);
+    write_all(file, buf.data(), buf.size());
+  }
+  int port;
+  pid_t server = spawn_server({"closing-sink"}, port);
+  int fd = connect_to(port);
+  off_t offset = 0;
+  int error = 0;
+  while (error == 0 && static_cast<std::uint64_t>(offset) < size) {
+    ssize_t n = ::sendfile(fd, file, &offset, size - static_cast<std::uint64_t>(offset));
+    if (n < 0 && errno != EINTR && errno != EAGAIN) error = errno;
+  }
+  reap(server, "closing sink");
+  if (error != EPIPE && error != ECONNRESET) {
+    std::fprintf(stderr, "[%d] FAIL: sendfile into a closed peer: %s (want EPIPE or ECONNRESET)\n",
+                 ::getpid(), error ? std::strerror(error) : "no error");
+    return 1;
+  }
+  ::close(fd);
+  ::close(file);
+  return 0;
+}
+
 // ---- dup/dup2/F_DUPFD name the same accelerated stream; closing the
 // original keeps the copy working; sendfile and readv/writev go through it.
 int dup_case() {
@@ -1057,6 +1104,8 @@ int main(int argc, char** argv) {
   if (role == "settings") return settings_case();
   if (role == "small-stack") return small_stack_case();
   if (role == "exit-open") return exit_open_case();
+  if (role == "sendfile-closed") return sendfile_closed_case();
+  if (role == "closing-sink") return closing_sink_server();
   if (role == "exit-sink") return exit_sink_server(static_cast<std::uint64_t>(arg(2)));
   if (role == "exit-writer")
     return exit_writer(static_cast<int>(arg(2)), static_cast<std::uint64_t>(arg(3)), argc > 4 ? argv[4] : "return");

@@ -183,6 +183,25 @@ TEST_P(Semantics, WriteAfterPeerCloseRaisesSigpipe) {
   EXPECT_GE(sigpipes.count(), 1) << "the SIGPIPE handler did not run";
 }
 
+// The writer never read the end of stream first (issue 14 item 12: vmmc
+// said EIO): large sends into a closed peer fail as kernel TCP's do.
+TEST_P(Semantics, SendingIntoAClosedPeerGivesEpipeOrEconnreset) {
+  sigpipe_counter sigpipes;
+  std::vector<char> chunk(1 << 16, 'z');
+  ASSERT_EQ(io().send(pair_.client, chunk.data(), chunk.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(chunk.size()));
+  close_end(pair_.server);  // with unread bytes: the kernel resets
+  int error = 0;
+  auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (error == 0 && std::chrono::steady_clock::now() < deadline) {
+    if (io().send(pair_.client, chunk.data(), chunk.size(), MSG_NOSIGNAL) < 0 && errno != EAGAIN &&
+        errno != EINTR)
+      error = errno;
+  }
+  EXPECT_TRUE(error == EPIPE || error == ECONNRESET) << std::strerror(error);
+  EXPECT_EQ(sigpipes.count(), 0);
+}
+
 TEST_P(Semantics, FionreadCountsUnreadBytes) {
   auto data = pattern(3, 1234);
   ASSERT_TRUE(write_all(io(), pair_.client, data.data(), data.size()));
