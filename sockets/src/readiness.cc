@@ -78,6 +78,12 @@ int finish_poll(pollfd* fds, nfds_t count, poll_state& st) {
   return ready;
 }
 
+bool any_channel(const poll_state& st) {
+  for (const auto& [index, s] : st.ours)
+    if (s->state.load(std::memory_order_relaxed) == phase::upgraded) return true;
+  return false;
+}
+
 bool any_channel_ready(poll_state& st) {
   for (std::size_t k = 0; k < st.ours.size(); ++k)
     if (reportable(ready_events(*st.ours[k].second, st.wanted[k], 0), st.wanted[k])) return true;
@@ -114,6 +120,12 @@ int poll(pollfd* fds, nfds_t count, int timeout_ms) {
     }
     int ready = finish_poll(fds, count, st);
     if (ready > 0 || timeout_ms == 0 || clock::now() >= deadline) return ready;
+    // Nothing accelerated among them (connections still deciding): no
+    // channel to busy-poll, the kernel's wait is the whole wait.
+    if (!any_channel(st)) {
+      sleeping = true;
+      continue;
+    }
     // Busy-poll the channels (no system call), then arm and sleep.
     sleeping = false;
     for (int spins = 0; clock::now() < spin_until && !any_channel_ready(st); ++spins)
@@ -361,6 +373,16 @@ int collect(int epfd, epoll_set& set, epoll_event* events, int max_events, int t
   return n;
 }
 
+bool any_channel_member(epoll_set& set) {
+  std::lock_guard lock(set.mutex);
+  for (auto& [fd, in] : set.members) {
+    stream* s = member_stream(in);
+    if (!in.disabled && s && s->state.load(std::memory_order_relaxed) == phase::upgraded)
+      return true;
+  }
+  return false;
+}
+
 bool any_stream_ready(epoll_set& set) {
   std::lock_guard lock(set.mutex);
   for (auto& [fd, in] : set.members) {
@@ -441,6 +463,11 @@ int epoll_wait(int epfd, epoll_event* events, int max_events, int timeout_ms) {
   while (true) {
     int n = collect(epfd, *set, events, max_events, sleeping ? milliseconds_until(deadline) : 0);
     if (n != 0 || timeout_ms == 0 || clock::now() >= deadline) return n;
+    // No accelerated member: nothing to busy-poll (see poll()).
+    if (!any_channel_member(*set)) {
+      sleeping = true;
+      continue;
+    }
     sleeping = false;
     for (int spins = 0; clock::now() < spin_until && !any_stream_ready(*set); ++spins)
       if (spins > 64) std::this_thread::yield();
