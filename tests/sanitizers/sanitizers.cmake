@@ -62,8 +62,12 @@ function(vmmc_sanitize_directory)
   set(log log_path=${VMMC_SANITIZER_REPORTS}/report)
   set(common "${log}:print_suppressions=0")
   if(VMMC_SANITIZE STREQUAL "address")
+    # fast_unwind_on_malloc=0: allocation stacks through libraries built
+    # without frame pointers (libfabric) go on to our frames, so a report
+    # says which call of ours it came from and lsan.supp can name a precise
+    # foreign path (about 25% slower on allocation-heavy suites).
     set(env
-      "ASAN_OPTIONS=${common}:detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1:check_initialization_order=1"
+      "ASAN_OPTIONS=${common}:detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1:check_initialization_order=1:fast_unwind_on_malloc=0"
       "LSAN_OPTIONS=${common}:suppressions=${vmmc_sanitizer_dir}/lsan.supp"
       "UBSAN_OPTIONS=${common}:print_stacktrace=1:halt_on_error=1:suppressions=${vmmc_sanitizer_dir}/ubsan.supp")
   else()
