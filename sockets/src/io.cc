@@ -229,6 +229,7 @@ ssize_t receive_channel(stream& s, char* buffer, size_t length, int flags, bool 
 }  // namespace
 
 ssize_t receive(stream& s, void* buffer, size_t length, int flags) {
+  busy_call busy;
   if (int e = s.pending_error.exchange(0)) return fail(e);
   if (s.orphan.load()) return fail(EIO);
   if (s.stash && length > 0) {
@@ -292,6 +293,7 @@ ssize_t receive(stream& s, void* buffer, size_t length, int flags) {
 }
 
 ssize_t transmit(stream& s, const void* buffer, size_t length, int flags) {
+  busy_call busy;
   if (int e = s.pending_error.exchange(0)) return fail(e);
   if (s.write_shut.load()) return broken_pipe(flags);
   phase p = s.state.load();

@@ -104,6 +104,7 @@ int poll(pollfd* fds, nfds_t count, int timeout_ms) {
     }
   }
   if (st.ours.empty()) return ::poll(fds, count, timeout_ms);
+  busy_call busy;
 
   auto deadline = deadline_after(timeout_ms);
   auto spin_until = clock::now() + spin_time();
@@ -457,6 +458,7 @@ int epoll_ctl(int epfd, int op, int fd, epoll_event* event) {
 int epoll_wait(int epfd, epoll_event* events, int max_events, int timeout_ms) {
   auto set = find_set(epfd);
   if (!set || max_events <= 0) return ::epoll_wait(epfd, events, max_events, timeout_ms);
+  busy_call busy;
   auto deadline = deadline_after(timeout_ms);
   auto spin_until = clock::now() + spin_time();
   bool sleeping = false;

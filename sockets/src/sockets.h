@@ -138,6 +138,24 @@ void abandon(std::unique_ptr<T>& owner) {
 }
 
 // --- table.cc: descriptors we manage, and the process's VMMC context.
+// Calls that may be using streams and their channels (receive, transmit,
+// poll, epoll_wait) hold one of these: the teardown at exit tears nothing
+// down while another thread is inside one (exit() from one thread while
+// another waits in read()), and a call that starts once the process is
+// exiting waits for its end, as a thread blocked in the kernel does.
+extern std::atomic<int> busy_calls;
+extern std::atomic<bool> exiting;
+bool exiting_elsewhere();  // exiting, and not from this thread (whose exit handlers go on)
+[[noreturn]] void wait_for_the_end();
+struct busy_call {
+  busy_call() {
+    busy_calls.fetch_add(1);
+    if (exiting.load() && exiting_elsewhere()) wait_for_the_end();
+  }
+  ~busy_call() { busy_calls.fetch_sub(1); }
+  busy_call(const busy_call&) = delete;
+  busy_call& operator=(const busy_call&) = delete;
+};
 stream_ptr find(int fd);
 stream_ptr adopt(int fd, bool is_client);  // starts managing a TCP descriptor
 void alias(int fd, const stream_ptr& s);   // `fd` names `s` too (dup)

@@ -149,6 +149,8 @@ bool enabled() {
 }
 
 namespace {
+std::atomic<pthread_t> exiting_thread{};  // the thread that runs the exit handlers
+
 // The context belongs to the process that made it: a fork() child has a copy
 // without its threads, which it leaves alone (never destroys) and replaces
 // with its own on first need.
@@ -165,10 +167,18 @@ process_state& state() {
 
 // At exit, channels go before the context they live on (and the context
 // before libfabric's own teardown), so peers see an orderly end and no
-// shared-memory file is left behind.
+// shared-memory file is left behind. Unless another thread is inside a
+// call: then nothing it may use is freed, and nothing is ended early (a
+// peer that saw our end could answer, and wake that thread, before the
+// process is gone): everything goes with the process, and each peer sees
+// its connection end when our descriptors and control connections close,
+// as with kernel TCP.
 void close_everything() {
   auto& st = state();
   if (st.owner != ::getpid()) return;
+  exiting_thread.store(::pthread_self());
+  exiting.store(true);
+  if (busy_calls.load() > 0) return;
   std::vector<stream_ptr> all;
   {
     auto& t = table();
@@ -182,6 +192,18 @@ void close_everything() {
   st.ctx.reset();
 }
 }  // namespace
+
+std::atomic<int> busy_calls{0};
+std::atomic<bool> exiting{false};
+
+bool exiting_elsewhere() {
+  return !::pthread_equal(exiting_thread.load(), ::pthread_self());
+}
+
+void wait_for_the_end() {
+  busy_calls.fetch_sub(1);  // this call never gets further
+  for (;;) ::pause();
+}
 
 core::context* process_context() {
   auto& st = state();

@@ -718,7 +718,9 @@ int exit_writer(int port, std::uint64_t total, const std::string& how) {
       std::exit(0);
     }).detach();
     char c;
-    (void)::read(fd, &c, 1);  // the sink never writes: blocked until exit
+    ssize_t n = ::read(fd, &c, 1);  // the sink never writes: blocked until exit
+    std::fprintf(stderr, "[%d] FAIL: read() returned %zd (%s) before the exit ended the process\n",
+                 ::getpid(), n, n < 0 ? std::strerror(errno) : "no error");
     return 1;
   }
   return 0;  // "return": from main, the descriptor still open
