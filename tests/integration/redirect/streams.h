@@ -153,6 +153,24 @@ inline result<std::string> accept_within(redirect::channel& passive, std::string
   return accepted;
 }
 
+// The active end's side of the set-up when the passive end is another
+// process: connect to `descriptor`, then peer_hello polled until it comes
+// (the passive end's hello) or `timeout` passed.
+inline result<std::string> connect_within(redirect::channel& active, std::string_view descriptor,
+                                          std::string_view hello,
+                                          std::chrono::milliseconds timeout) {
+  if (status s = active.connect(descriptor, hello); !s) return s.error();
+  result<std::string> heard = errc::would_block;
+  pump(
+      {&active},
+      [&] {
+        heard = active.peer_hello();
+        return !heard.is(errc::would_block);
+      },
+      timeout);
+  return heard;
+}
+
 // Runs the set-up between `passive` and `active`: connect, then accept_peer
 // and peer_hello polled until both complete; checks both hellos.
 inline void handshake(redirect::channel& passive, redirect::channel& active,

@@ -111,13 +111,7 @@ class Faults : public testing::TestWithParam<transport> {
     auto created = channel::create(*context_, options());
     ASSERT_TRUE(created) << describe(created.error());
     me_.emplace(std::move(*created));
-    status s = me_->connect(descriptor, "parent");
-    ASSERT_TRUE(s.ok()) << describe(s.error());
-    result<std::string> heard = errc::would_block;
-    ASSERT_TRUE(pump({&*me_}, [&] {
-      heard = me_->peer_hello();
-      return !heard.is(errc::would_block);
-    }));
+    result<std::string> heard = connect_within(*me_, descriptor, "parent", 5s);
     ASSERT_TRUE(heard) << describe(heard.error());
   }
 
