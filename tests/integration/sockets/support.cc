@@ -103,6 +103,12 @@ void peer_context::fail(const std::string& message) const {
   say("fail " + one_line);
 }
 
+int peer_context::connect_to_parent() const {
+  int fd = connect_loopback(io(), static_cast<int>(arg_int(0)));
+  if (fd < 0) fail(std::string("connect: ") + std::strerror(errno));
+  return fd;
+}
+
 bool peer_context::expect(const std::string& problem) const {
   if (!problem.empty()) fail(problem);
   return problem.empty();

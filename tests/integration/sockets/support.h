@@ -48,6 +48,9 @@ class peer_context {
   void fail(const std::string& message) const;
   // Reports `problem` unless it is empty; returns whether it was empty.
   bool expect(const std::string& problem) const;
+  // Connects to the loopback port given as argument 0 (the parent's
+  // listener); -1, reported to the parent, when it cannot.
+  int connect_to_parent() const;
 
  private:
   const api& api_;

@@ -23,7 +23,7 @@ constexpr auto detection_limit = 5s;
 
 // Connects to arg 0, says "streaming", and writes the pattern until killed.
 const peer_role streamer("streamer", [](peer_context& p) {
-  int fd = connect_loopback(p.io(), static_cast<int>(p.arg_int(0)));
+  int fd = p.connect_to_parent();
   if (fd < 0) return 1;
   p.say("streaming");
   std::vector<unsigned char> chunk(1 << 20);
@@ -35,7 +35,7 @@ const peer_role streamer("streamer", [](peer_context& p) {
 
 // Connects to arg 0, reads 16 MiB, says "reading", then reads on until killed.
 const peer_role reader("reader", [](peer_context& p) {
-  int fd = connect_loopback(p.io(), static_cast<int>(p.arg_int(0)));
+  int fd = p.connect_to_parent();
   if (fd < 0) return 1;
   std::vector<unsigned char> chunk(1 << 20);
   for (std::uint64_t total = 0, said = 0;;) {

@@ -37,11 +37,8 @@ constexpr std::uint64_t from_peer_seed = 0xFA0002;
 // one), so they are reported, not failed.
 const peer_role fault_stream("fault_stream", [](peer_context& p) {
   ::signal(SIGPIPE, SIG_IGN);
-  int fd = connect_loopback(p.io(), static_cast<int>(p.arg_int(0)));
-  if (fd < 0) {
-    p.fail(std::string("connect: ") + std::strerror(errno));
-    return 1;
-  }
+  int fd = p.connect_to_parent();
+  if (fd < 0) return 1;
   stream_result r =
       stream_both_ways(p.io(), fd, static_cast<std::uint64_t>(p.arg_int(1)), from_peer_seed,
                        to_peer_seed, static_cast<std::uint64_t>(p.arg_int(2)));
@@ -56,11 +53,8 @@ const peer_role fault_stream("fault_stream", [](peer_context& p) {
 // Connects to port arg 0, says "connected", echoes until end of file.
 const peer_role fault_echo("fault_echo", [](peer_context& p) {
   ::signal(SIGPIPE, SIG_IGN);
-  int fd = connect_loopback(p.io(), static_cast<int>(p.arg_int(0)));
-  if (fd < 0) {
-    p.fail(std::string("connect: ") + std::strerror(errno));
-    return 1;
-  }
+  int fd = p.connect_to_parent();
+  if (fd < 0) return 1;
   p.say("connected");
   std::vector<unsigned char> buffer(1 << 20);
   ssize_t n;

@@ -634,7 +634,7 @@ TEST_P(Semantics, HalfCloseLetsThePeerReadEverythingAndReply) {
 // Connects to arg 0, writes arg 1 bytes of pattern 9, then "close" closes and
 // exits at once (_exit: no library destructors), "exit" exits without close.
 const peer_role close_writer("close_writer", [](peer_context& p) {
-  int fd = connect_loopback(p.io(), static_cast<int>(p.arg_int(0)));
+  int fd = p.connect_to_parent();
   if (fd < 0) return 1;
   auto data = pattern(9, static_cast<std::size_t>(p.arg_int(1)));
   if (!write_all(p.io(), fd, data.data(), data.size(), 0, 30s)) return 2;

@@ -37,11 +37,8 @@ std::uint64_t stream_bytes(const api& a) {
 // "result <sent> <received> <sent checksum> <received checksum>".
 const peer_role stream_peer("stream", [](peer_context& p) {
   ::signal(SIGPIPE, SIG_IGN);
-  int fd = connect_loopback(p.io(), static_cast<int>(p.arg_int(0)));
-  if (fd < 0) {
-    p.fail(std::string("connect: ") + std::strerror(errno));
-    return 1;
-  }
+  int fd = p.connect_to_parent();
+  if (fd < 0) return 1;
   stream_result r =
       stream_both_ways(p.io(), fd, static_cast<std::uint64_t>(p.arg_int(1)), child_to_parent_seed,
                        parent_to_child_seed, static_cast<std::uint64_t>(p.arg_int(2)),
