@@ -24,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include "parse.h"
+
 namespace {
 
 struct node {
@@ -49,18 +51,6 @@ void kill_all() {
 int usage() {
   std::fprintf(stderr, "usage: nxrun -n N [--bind-to none|core] program [args...]\n");
   return 2;
-}
-
-bool write_all(int fd, const void* data, std::size_t len) {
-  auto p = static_cast<const char*>(data);
-  while (len > 0) {
-    ssize_t k = ::write(fd, p, len);
-    if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) return false;
-    p += k;
-    len -= static_cast<std::size_t>(k);
-  }
-  return true;
 }
 
 // Reads what is there of node n's blob; false on EOF/error before it is whole.
@@ -211,12 +201,8 @@ int main(int argc, char** argv) {
       exchanged = true;
       if (!any_joined) break;
       std::string table;
-      for (node& n : nodes) {
-        auto len = static_cast<std::uint32_t>(n.blob.size());
-        table.append(reinterpret_cast<const char*>(&len), sizeof len);
-        table += n.blob;
-      }
-      for (node& n : nodes) (void)write_all(n.fd, table.data(), table.size());
+      for (node& n : nodes) table += vmmc::nx::detail::record(n.blob);
+      for (node& n : nodes) (void)vmmc::nx::detail::write_all(n.fd, table.data(), table.size());
     }
   }
   for (node& n : nodes) ::close(n.fd);

@@ -22,18 +22,6 @@ long env_long(const char* name, long fallback) {
   return v ? std::strtol(v, nullptr, 10) : fallback;
 }
 
-bool write_all(int fd, const void* data, std::size_t n) {
-  auto p = static_cast<const char*>(data);
-  while (n > 0) {
-    ssize_t k = ::write(fd, p, n);
-    if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) return false;
-    p += k;
-    n -= static_cast<std::size_t>(k);
-  }
-  return true;
-}
-
 class alone final : public bootstrap {
  public:
   alone() { job = "alone." + std::to_string(::getpid()), mode = "alone"; }
@@ -53,8 +41,8 @@ class launcher_socket final : public bootstrap {
   }
   ~launcher_socket() override { ::close(fd_); }
   std::vector<std::string> all_gather(const std::string& mine) override {
-    auto n = static_cast<std::uint32_t>(mine.size());
-    if (!write_all(fd_, &n, sizeof n) || !write_all(fd_, mine.data(), n)) return fail();
+    const std::string out = record(mine);
+    if (!write_all(fd_, out.data(), out.size())) return fail();
     auto all = read_records(fd_, static_cast<std::size_t>(size));
     if (all.empty()) return fail();
     return all;

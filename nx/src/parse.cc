@@ -24,6 +24,25 @@ bool read_all(int fd, void* data, std::size_t n) {
 }
 }  // namespace
 
+bool write_all(int fd, const void* data, std::size_t n) {
+  auto p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t k = ::write(fd, p, n);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) return false;
+    p += k;
+    n -= static_cast<std::size_t>(k);
+  }
+  return true;
+}
+
+std::string record(std::string_view bytes) {
+  auto n = static_cast<std::uint32_t>(bytes.size());
+  std::string r(reinterpret_cast<const char*>(&n), sizeof n);
+  r += bytes;
+  return r;
+}
+
 std::vector<std::string> read_records(int fd, std::size_t count) {
   std::vector<std::string> all(count);
   for (auto& s : all) {

@@ -23,6 +23,11 @@ constexpr std::size_t max_record_bytes(std::size_t nodes) {
 // <u32 length><bytes> with length <= max_record_bytes(count). Empty on a
 // short read or a longer length.
 std::vector<std::string> read_records(int fd, std::size_t count);
+// One record as read_records reads it: a node sends its own to nxrun, and
+// nxrun answers with every node's, back to back.
+std::string record(std::string_view bytes);
+// Writes all `n` bytes; false on an error or a closed peer.
+bool write_all(int fd, const void* data, std::size_t n);
 
 // A node's start-up record as node `node` of `nodes` reads it:
 // "<host> <pid> <cpus> <address> <descriptor or -> x nodes <mailbox or -> x nodes",
