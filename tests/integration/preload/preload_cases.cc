@@ -262,6 +262,16 @@ void tell_port(int port) {  // servers: on fd 3, then close it
   write_all(3, s.data(), s.size());
   ::close(3);
 }
+// A server of one client: listens on a free port, tells the parent, and
+// accepts the one connection (the listener stays open until exit).
+int accept_one_client() {
+  int port;
+  int lfd = listen_on(port);
+  tell_port(port);
+  int c = ::accept(lfd, nullptr, nullptr);
+  check(c >= 0, "accept");
+  return c;
+}
 
 constexpr std::uint64_t small = 3 << 20;
 
@@ -514,11 +524,7 @@ int fork_after_accept_case() {
 // connection (EIO), the parent keeps it, and once the peer runs again (and
 // answers the revert late) every byte still arrives in order.
 int unanswered_fork_server() {
-  int port;
-  int lfd = listen_on(port);
-  tell_port(port);
-  int c = ::accept(lfd, nullptr, nullptr);
-  check(c >= 0, "accept");
+  int c = accept_one_client();
   ping(c, false);
   expect_path(c, true, "server before fork");
   pid_t child = ::fork();  // the client sleeps meanwhile
@@ -595,7 +601,7 @@ int prefork_case() {
 // bytes the client already sent; and inetd style: dup2 onto stdin/stdout.
 int exec_server(bool inetd) {
   int port;
-  int lfd = listen_on(port);
+  int lfd = listen_on(port);  // closed before the exec: only the connection goes on
   tell_port(port);
   int c = ::accept(lfd, nullptr, nullptr);
   check(c >= 0, "accept");
@@ -663,10 +669,7 @@ int one_side_case() {
 
 // ---- a large checksummed transfer through the interposer.
 int sink_server(std::uint64_t total) {
-  int port;
-  int lfd = listen_on(port);
-  tell_port(port);
-  int c = ::accept(lfd, nullptr, nullptr);
+  int c = accept_one_client();
   receive_pattern(c, 0, total);
   expect_path(c, true, "sink");
   write_all(c, "d", 1);
@@ -692,11 +695,7 @@ int bulk_case(std::uint64_t total) {
 // thread waits in read(). It exits cleanly, and the peer reads every byte
 // it wrote, then an orderly end of stream, as over kernel TCP.
 int exit_sink_server(std::uint64_t total) {
-  int port;
-  int lfd = listen_on(port);
-  tell_port(port);
-  int c = ::accept(lfd, nullptr, nullptr);
-  check(c >= 0, "accept");
+  int c = accept_one_client();
   receive_pattern(c, 0, total);
   expect_path(c, true, "exit sink");
   char extra;
@@ -741,11 +740,7 @@ int exit_open_case() {
 // vmmc): EPIPE or ECONNRESET, as kernel TCP gives. The sink reads 16 MiB
 // over VMMC, then closes with bytes unread.
 int closing_sink_server() {
-  int port;
-  int lfd = listen_on(port);
-  tell_port(port);
-  int c = ::accept(lfd, nullptr, nullptr);
-  check(c >= 0, "accept");
+  int c = accept_one_client();
   receive_pattern(c, 0, 16 << 20);
   expect_path(c, true, "closing sink");
   ::close(c);
