@@ -35,10 +35,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-# Waits until something listens on the port (without connecting: iperf3 -1
-# would take a probe for its one client).
-wait_port() { for _ in $(seq 200); do ss -Hltn "sport = :$1" | grep -q . && return 0; sleep 0.05; done; return 1; }
+source scripts/servers.sh  # free_port, wait_port, stop_server
 # run_with <mode> cmd...: mode "kernel" or "vmmc" (both ends preloaded).
 run_with() {
   local mode=$1; shift
@@ -53,15 +50,6 @@ start_server() {  # start_server <mode> <log> cmd...; its pid in $server
   fi
   server=$!
   echo "$server" >>"$work/pids"
-}
-# SIGKILL to the server under `timeout`, not SIGTERM: sockperf's SIGTERM
-# handler calls exit(), which runs every atexit handler (the interposer's
-# too) inside the signal handler: not async-signal-safe, and reported as
-# such by the ThreadSanitizer build's test of this script.
-stop_server() {
-  kill -KILL $(cat "/proc/$server/task/$server/children" 2>/dev/null) 2>/dev/null || true
-  kill "$server" 2>/dev/null || true
-  wait "$server" 2>/dev/null || true
 }
 # Problems found inside $(...) subshells go to a file.
 problem() { echo "$*" >>"$work/problems"; }

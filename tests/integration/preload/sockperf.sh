@@ -14,23 +14,12 @@ preload=$1
 command -v sockperf >/dev/null || { echo "sockperf not installed: skipped"; exit 77; }
 work=$(mktemp -d)
 server=
-# SIGKILL to the server under `timeout` (see stop_server in
-# scripts/preload-demo.sh: sockperf exits from its SIGTERM handler).
-stop_server() {
-  if [[ -n $server ]]; then
-    kill -KILL $(cat "/proc/$server/task/$server/children" 2>/dev/null) 2>/dev/null || true
-    kill "$server" 2>/dev/null || true
-    wait "$server" 2>/dev/null || true
-  fi
-  server=
-}
+source "$(dirname "$0")/../../../scripts/servers.sh"  # free_port, wait_port, stop_server
 cleanup() {
   stop_server
   rm -rf "$work"
 }
 trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_port() { for _ in $(seq 200); do ss -Hltn "sport = :$1" | grep -q . && return 0; sleep 0.05; done; return 1; }
 fail() { echo "FAIL: $*"; sed 's/^/  client: /' "$work/client"; sed 's/^/  server: /' "$work/server"; exit 1; }
 
 for size in 14 64 1000; do

@@ -1,0 +1,22 @@
+# scripts/servers.sh: sourced by the scripts that run unmodified servers
+# (scripts/preload-demo.sh, tests/integration/preload/sockperf.sh).
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# Waits until something listens on the port (without connecting: iperf3 -1
+# would take a probe for its one client).
+wait_port() { for _ in $(seq 200); do ss -Hltn "sport = :$1" | grep -q . && return 0; sleep 0.05; done; return 1; }
+
+# Ends the server started as `timeout ... server` whose pid is in $server:
+# SIGKILL to the server, not SIGTERM: sockperf's SIGTERM handler calls
+# exit(), which runs every atexit handler (the interposer's too) inside the
+# signal handler: not async-signal-safe, and reported as such by the
+# ThreadSanitizer build's tests.
+stop_server() {
+  if [[ -n ${server:-} ]]; then
+    kill -KILL $(cat "/proc/$server/task/$server/children" 2>/dev/null) 2>/dev/null || true
+    kill "$server" 2>/dev/null || true
+    wait "$server" 2>/dev/null || true
+  fi
+  server=
+}
