@@ -100,9 +100,18 @@ void context::impl::handle_peer_frames(const peer_ptr& peer) {
           s = errc::protocol_error;
           break;
         }
+        bool unwanted;
         {
           std::lock_guard lock(peer->reply_mutex);
-          peer->replies[r.request_id] = std::move(f);
+          unwanted = peer->abandoned.erase(r.request_id) > 0;
+          if (!unwanted) {
+            if (r.status == 0) peer->installing[r.request_id] = r.export_id;
+            peer->replies[r.request_id] = std::move(f);
+          }
+        }
+        if (unwanted && r.status == 0) {  // its caller timed out: give it back
+          wire::unimport_body body{r.export_id, 0};
+          (void)peer->conn->write_frame(wire::frame_type::unimport, &body, sizeof body);
         }
         peer->reply_cv.notify_all();
         break;
@@ -258,7 +267,8 @@ void context::impl::send_owed_acks() {
     acks_owed.fetch_sub(1);
     send_revoke_ack(*imp);
   }
-  // Imports released while owing drop their debt too.
+  // Imports released while owing drop their debt: their unimport frame
+  // answers the revoke (handle_unimport).
   std::shared_lock lock(imports_mutex);
   int still = 0;
   for (auto& [id, imp] : imports) still += imp->ack_owed;

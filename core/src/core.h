@@ -412,10 +412,17 @@ struct remote_peer {
   std::unique_ptr<mapping> ring_map;
   std::mutex ring_mutex;  // producers of this process
 
-  // import replies waiting for their caller
+  // Import replies waiting for their caller, by request id. An import is
+  // `installing` from its reply's arrival until it is in the imports table;
+  // a revoke that overtakes it there marks it `overtaken`, and the import
+  // fails instead of going live on withdrawn memory. A reply whose caller
+  // gave up (`abandoned`) is dropped and its import given back.
   std::mutex reply_mutex;
   std::condition_variable reply_cv;
   std::map<std::uint64_t, frame> replies;
+  std::map<std::uint64_t, std::uint32_t> installing;  // request id -> export id
+  std::set<std::uint64_t> overtaken;
+  std::set<std::uint64_t> abandoned;
 
   // fabric addresses of this peer, per endpoint
   std::mutex av_mutex;
@@ -515,6 +522,7 @@ class context::impl {
   void handle_revoke(const peer_ptr& peer, const detail::frame& f);
   void send_revoke_ack(detail::import_entry& imp);
   void await_writes_landed(detail::import_entry& imp);
+  void await_in_flight(detail::import_entry& imp);  // this import's fabric operations
   void peer_died(const peer_ptr& peer);
   // Maps a failed fabric operation to peer_gone when its exporter is gone.
   std::error_code classify_failure(const detail::import_entry& imp, std::error_code error);

@@ -172,11 +172,12 @@ void context::impl::handle_import_request(const link_ptr& link, const frame& f) 
   // Count the import under links_mutex after re-checking liveness, so that a
   // concurrent unexport either sees this import (and revokes it) or we see it
   // gone.
-  {
-    std::lock_guard lock(links_mutex);
-    if (!e->live) return answer(errc::unknown_export);
-    ++link->imported[e->id];
-  }
+  // The reply goes under the same lock: a revoke written by a concurrent
+  // unexport then follows it on this connection, and the importer can tell
+  // an import it overtook (handle_revoke).
+  std::lock_guard lock(links_mutex);
+  if (!e->live) return answer(errc::unknown_export);
+  ++link->imported[e->id];
   answer(errc::ok);
 }
 
@@ -202,9 +203,16 @@ result<fabric_mr> context::impl::fabric_ring_for(const link_ptr& link, fabric_en
 void context::impl::handle_unimport(const link_ptr& link, const frame& f) {
   wire::unimport_body body{};
   if (!f.body_as(body)) return;
-  std::lock_guard lock(links_mutex);
-  auto it = link->imported.find(body.export_id);
-  if (it != link->imported.end() && --it->second <= 0) link->imported.erase(it);
+  {
+    std::lock_guard lock(links_mutex);
+    auto it = link->imported.find(body.export_id);
+    if (it == link->imported.end() || --it->second > 0) return;
+    link->imported.erase(it);
+    // The importer let go with nothing of its in flight: as good as an
+    // acknowledgement of a revoke that crossed this frame.
+    revokes_pending.erase({link.get(), body.export_id});
+  }
+  revoke_cv.notify_all();
 }
 
 }  // namespace vmmc::core

@@ -120,10 +120,25 @@ result<import_handle> context::impl::import_buffer(std::string_view peer_blob,
     bool answered = p->reply_cv.wait_until(lock, deadline, [&] {
       return p->replies.count(req.request_id) || !p->alive;
     });
-    if (!p->replies.count(req.request_id)) return answered ? errc::peer_gone : errc::timed_out;
+    if (!p->replies.count(req.request_id)) {
+      if (!answered) p->abandoned.insert(req.request_id);  // a late reply is given back
+      return answered ? errc::peer_gone : errc::timed_out;
+    }
     f = std::move(p->replies[req.request_id]);
     p->replies.erase(req.request_id);
   }
+  // Until it is installed (or fails), a revoke may overtake this import.
+  struct installing_guard {
+    remote_peer& peer;
+    std::uint64_t request_id;
+    // True if a revoke overtook the import; the import is no longer tracked.
+    bool finish() {
+      std::lock_guard lock(peer.reply_mutex);
+      peer.installing.erase(request_id);
+      return peer.overtaken.erase(request_id) > 0;
+    }
+    ~installing_guard() { (void)finish(); }
+  } guard{*p, req.request_id};
   auto reply = parse_import_reply(f.body);
   if (!reply) return reply.error();
   const wire::import_reply_body& r = *reply;
@@ -164,9 +179,19 @@ result<import_handle> context::impl::import_buffer(std::string_view peer_blob,
     imp->remote_address = r.remote_address;
     imp->key = r.key;
   }
-  std::unique_lock lock(imports_mutex);
-  imp->id = next_import_id++;
-  imports.emplace(imp->id, imp);
+  {
+    std::unique_lock lock(imports_mutex);
+    imp->id = next_import_id++;
+    imports.emplace(imp->id, imp);
+  }
+  // A revoke handled from here on finds the import in the table (see
+  // handle_revoke); one handled before was noted, and acknowledged at once:
+  // nothing of ours can have reached the memory.
+  if (guard.finish()) {
+    std::unique_lock lock(imports_mutex);
+    imports.erase(imp->id);
+    return errc::unknown_export;
+  }
   return import_handle{imp->id};
 }
 
@@ -185,7 +210,13 @@ status context::impl::unimport_buffer(import_handle handle) {
     if (imp->map) imp->map->retire();  // and cuts off a sender's
   }
   if (imp->peer->alive) {
-    await_writes_landed(*imp);  // the exporter stops tracking us on this frame
+    // The exporter stops tracking us on this frame, and may withdraw the
+    // memory at once: no operation of ours may still reach it then, neither
+    // a write (ordered behind the read below) nor a fetch still in flight
+    // (a fetch with a deregistered key makes a tcp provider close the
+    // connection under every other import of this peer).
+    await_in_flight(*imp);
+    await_writes_landed(*imp);
     wire::unimport_body body{imp->export_id, 0};
     (void)imp->peer->conn->write_frame(wire::frame_type::unimport, &body, sizeof body);
   }
@@ -212,9 +243,24 @@ void context::impl::handle_revoke(const peer_ptr& peer, const frame& f) {
       revoked.push_back(imp);
     }
   }
+  {
+    // An import answered but not yet in the table fails when it gets there.
+    std::lock_guard lock(peer->reply_mutex);
+    for (const auto& [request_id, export_id] : peer->installing)
+      if (export_id == body.export_id) peer->overtaken.insert(request_id);
+  }
   if (owed) return;
   for (const import_ptr& imp : revoked) await_writes_landed(*imp);
   (void)peer->conn->write_frame(wire::frame_type::revoke_ack, &body, sizeof body);
+}
+
+// Bounded like await_writes_landed, for a peer that stopped answering.
+void context::impl::await_in_flight(import_entry& imp) {
+  if (imp.map || !imp.endpoint) return;
+  const auto deadline = clock::now() + std::chrono::seconds(1);
+  while (imp.in_flight.load(std::memory_order_acquire) > 0 && imp.peer->alive &&
+         clock::now() < deadline)
+    imp.endpoint->progress();
 }
 
 // On the fabric path a write completes once it has left this process (tcp:
