@@ -166,6 +166,24 @@ ssize_t end_after_peer_gone(stream& s) {
   return read_after_tcp_failed(s);
 }
 
+// A reset of a same-host stream whose peer process is gone: its kernel
+// socket was reset only because it held doorbells it never read (a process
+// that exits or is killed closes it unread), while every byte it sent was
+// copied into our memory before its send returned. Like a kernel TCP peer
+// that dies, that is the end of the stream once its bytes are read. The
+// control connection's end, which tells the death for sure, may trail the
+// reset by a moment: give it that moment (once; a live peer's reset is
+// reported as such).
+bool reset_by_departed_peer(stream& s) {
+  if (!s.chan_mapped() || s.tcp_error_told.load()) return false;
+  const auto deadline = clock::now() + std::chrono::milliseconds(200);
+  while (!s.chan->peer_gone()) {
+    if (clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
 // Channel bytes the peer wrote before its end record that are still to be
 // read; everything when it placed none.
 size_t channel_limit(stream& s, size_t length) {
@@ -197,7 +215,7 @@ ssize_t receive_channel(stream& s, char* buffer, size_t length, int flags, bool 
       if (input_on_tcp(s)) return switched;
       if (ch.at_end()) return 0;
       if (ch.peer_gone()) return end_after_peer_gone(s);
-      if (tcp_failed(s)) return read_after_tcp_failed(s);
+      if (tcp_failed(s) && !reset_by_departed_peer(s)) return read_after_tcp_failed(s);
       if (no_wait) {
         if (ch.prepare_sleep(redirect::sleep_reason::data)) return fail(EAGAIN);
         if (clock::now() > in_flight_deadline) return fail(EAGAIN);
