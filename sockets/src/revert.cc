@@ -290,6 +290,11 @@ void fork_child() {
 constexpr const char* inherit_variable = "VMMC_SOCKETS_INHERIT";
 }  // namespace
 
+void install_fork_handlers() {
+  static std::once_flag once;
+  std::call_once(once, [] { ::pthread_atfork(fork_prepare, fork_parent, fork_child); });
+}
+
 }  // namespace vmmc::sockets::detail
 
 namespace vmmc::sockets {
@@ -303,7 +308,7 @@ bool interposer_enabled() {
 void interposer_install() {
   static std::once_flag once;
   std::call_once(once, [] {
-    ::pthread_atfork(fork_prepare, fork_parent, fork_child);
+    install_fork_handlers();
     // Connections an exec()ing image handed over with bytes it had taken
     // off them: "fd:memfd,fd:memfd".
     const char* inherited = std::getenv(inherit_variable);

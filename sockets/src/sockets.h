@@ -158,6 +158,9 @@ struct busy_call {
 };
 stream_ptr find(int fd);
 stream_ptr adopt(int fd, bool is_client);  // starts managing a TCP descriptor
+// Whatever brings the layer in (the interposer, vRPC, a program linked with
+// it) gets fork() right: installed with the first stream (revert.cc).
+void install_fork_handlers();
 void alias(int fd, const stream_ptr& s);   // `fd` names `s` too (dup)
 // Drops `fd` from the table; returns the stream if that was its last name.
 stream_ptr release_slot(int fd);

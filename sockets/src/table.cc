@@ -83,6 +83,7 @@ stream_ptr find(int fd) {
 }
 
 stream_ptr adopt(int fd, bool is_client) {
+  install_fork_handlers();
   auto s = std::make_shared<stream>(fd);
   s->is_client = is_client;
   set_slot(fd, s);

@@ -233,6 +233,30 @@ TEST_F(vrpc, server_killed_mid_call_gives_cantrecv_not_a_hang) {
   sigaction(SIGPIPE, &old, nullptr);
 }
 
+// A process linked with vRPC (no interposer) forks; the child calls through
+// the client it inherited and exits; the parent's client still works, as
+// with libtirpc. The sockets layer's fork handlers were installed only by
+// libvmmc_preload.so: without them the parent's next call timed out, then
+// every call failed with a reset (issue 14, item 6a).
+TEST_F(vrpc, a_forked_child_that_calls_leaves_the_parents_client_working) {
+  CLIENT* c = clnt_vmmc_create("127.0.0.1", program, version, server_.port().vmmc);
+  ASSERT_TRUE(c);
+  ASSERT_TRUE(echo_round_trip(c, "before the fork"));
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    bool ok = true;
+    for (int i = 0; i < 3; ++i) ok = ok && echo_round_trip(c, "from the child " + std::to_string(i));
+    std::exit(ok ? 0 : 1);  // exit handlers run
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  for (int i = 0; i < 3; ++i)
+    EXPECT_TRUE(echo_round_trip(c, "from the parent " + std::to_string(i))) << i;
+  clnt_destroy(c);
+}
+
 // Sends raw bytes on a connection to the vRPC port (through vmmc::sockets
 // when `upgraded`, so the garbage travels over VMMC), then closes it or not.
 void send_raw(unsigned short port, const std::string& bytes, bool upgraded) {
