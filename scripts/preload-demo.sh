@@ -24,6 +24,8 @@ while (($#)); do
        exit 2 ;;
   esac
 done
+# A time-bound client that outlives this is stuck.
+limit=$((seconds * 5 + 20))
 [[ -n $lib ]] || lib=$(realpath "$build/preload/libvmmc_preload.so")
 for tool in sockperf iperf3 redis-server redis-benchmark; do
   command -v $tool >/dev/null || { echo "missing $tool (scripts/setup.sh installs it)" >&2; exit 1; }
@@ -36,15 +38,23 @@ cleanup() {
 trap cleanup EXIT
 
 source scripts/servers.sh  # free_port, wait_port, stop_server
-# run_with <mode> cmd...: mode "kernel" or "vmmc" (both ends preloaded).
+# run_with <mode> timeout <seconds> cmd...: the program under its time limit,
+# preloaded in mode "vmmc" (both ends are); `timeout` itself never is: in a
+# sanitizer build its exit-time leak check forks a tracer that stop_server,
+# which kills the children of `timeout`, would kill, hanging the check.
 run_with() {
-  local mode=$1; shift
-  if [[ $mode == vmmc ]]; then LD_PRELOAD=$lib "$@"; else "$@"; fi
+  local mode=$1 limit=$3; shift 3
+  if [[ $mode == vmmc ]]; then
+    timeout "$limit" env LD_PRELOAD="$lib" "$@"
+  else
+    timeout "$limit" "$@"
+  fi
 }
 start_server() {  # start_server <mode> <log> cmd...; its pid in $server
   local mode=$1 log=$2; shift 2
+  # Started here, not through run_with: $server must be the pid of `timeout`.
   if [[ $mode == vmmc ]]; then
-    LD_PRELOAD=$lib timeout 120 "$@" >"$log" 2>&1 &
+    timeout 120 env LD_PRELOAD="$lib" "$@" >"$log" 2>&1 &
   else
     timeout 120 "$@" >"$log" 2>&1 &
   fi
@@ -53,6 +63,16 @@ start_server() {  # start_server <mode> <log> cmd...; its pid in $server
 }
 # Problems found inside $(...) subshells go to a file.
 problem() { echo "$*" >>"$work/problems"; }
+# client <mode> <name> <out> <server-log> cmd...: runs a client; a failing exit
+# (a timeout included) is a problem, listed with the last lines of both ends.
+client() {
+  local mode=$1 name=$2 out=$3 slog=$4 rc=0; shift 4
+  run_with "$mode" "$@" >"$out" 2>&1 || rc=$?
+  ((rc == 0)) && return
+  problem "$name ($mode): exit status $rc$( ((rc == 124)) && echo ' (timed out)')"
+  problem "$(tail -n 5 "$out" | sed 's/^/    client: /')"
+  problem "$(tail -n 5 "$slog" 2>/dev/null | sed 's/^/    server: /')"
+}
 
 # --mps=3000000, not the default (max): sockperf sizes its table of send times
 # for (1 + t) x mps messages and aborts with "_seqN > m_maxSequenceNo" on its
@@ -63,8 +83,8 @@ sockperf_pingpong() {  # -> one-way latency in usec
   local mode=$1 port; port=$(free_port)
   start_server "$mode" "$work/sp-server" sockperf sr --tcp -i 127.0.0.1 -p "$port"
   wait_port "$port" || sleep 1
-  run_with "$mode" timeout 60 sockperf pp --tcp -i 127.0.0.1 -p "$port" -m 64 -t "$seconds" \
-    --mps=3000000 >"$work/sp" 2>&1 || true
+  client "$mode" "sockperf ping-pong" "$work/sp" "$work/sp-server" \
+    timeout "$limit" sockperf pp --tcp -i 127.0.0.1 -p "$port" -m 64 -t "$seconds" --mps=3000000
   stop_server
   grep -q "dropped messages = 0; # duplicated messages = 0; # out-of-order messages = 0" "$work/sp" ||
     problem "sockperf ping-pong ($mode): $(grep -m1 'dropped' "$work/sp" || tail -1 "$work/sp")"
@@ -75,8 +95,8 @@ sockperf_throughput() {  # -> messages/s of 64 B
   local mode=$1 port; port=$(free_port)
   start_server "$mode" "$work/st-server" sockperf sr --tcp -i 127.0.0.1 -p "$port"
   wait_port "$port" || sleep 1
-  run_with "$mode" timeout 60 sockperf tp --tcp -i 127.0.0.1 -p "$port" -m 64 -t "$seconds" \
-    >"$work/st" 2>&1 || true
+  client "$mode" "sockperf throughput" "$work/st" "$work/st-server" \
+    timeout "$limit" sockperf tp --tcp -i 127.0.0.1 -p "$port" -m 64 -t "$seconds"
   stop_server
   sed -n 's/.*Summary: Message Rate is \([0-9]*\) \[msg\/sec\].*/\1/p' "$work/st" | tail -1
 }
@@ -85,7 +105,8 @@ iperf3_bandwidth() {  # -> Gbit/s received
   local mode=$1 port; port=$(free_port)
   start_server "$mode" "$work/ip-server" iperf3 -s -1 -B 127.0.0.1 -p "$port"
   wait_port "$port" || sleep 1
-  run_with "$mode" timeout 60 iperf3 -c 127.0.0.1 -p "$port" -t "$seconds" -J >"$work/ip" 2>&1 || true
+  client "$mode" "iperf3" "$work/ip" "$work/ip-server" \
+    timeout "$limit" iperf3 -c 127.0.0.1 -p "$port" -t "$seconds" -J
   stop_server
   python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("%.1f" % (d["end"]["sum_received"]["bits_per_second"]/1e9))' \
     "$work/ip" 2>/dev/null || { problem "iperf3 ($mode): $(tail -c 300 "$work/ip")"; echo 0; }
@@ -96,8 +117,8 @@ redis_rate() {  # <mode> <test> -> requests/s (50 clients, the default)
   start_server "$mode" "$work/rs" redis-server --bind 127.0.0.1 --port "$port" --save '' \
     --appendonly no --protected-mode yes
   wait_port "$port" || sleep 1
-  run_with "$mode" timeout 120 redis-benchmark -h 127.0.0.1 -p "$port" -t "$test" -n "$requests" \
-    -q >"$work/rb" 2>&1 || true
+  client "$mode" "redis-benchmark $test" "$work/rb" "$work/rs" \
+    timeout 120 redis-benchmark -h 127.0.0.1 -p "$port" -t "$test" -n "$requests" -q
   # Correctness: a value written and read back through the same path.
   local got; got=$(run_with "$mode" timeout 10 redis-cli -h 127.0.0.1 -p "$port" \
     eval "redis.call('set','vmmc:check','payload-42'); return redis.call('get','vmmc:check')" 0 2>&1)
@@ -114,12 +135,20 @@ best() {  # best <higher|lower> values... (none when every run failed: its probl
 }
 
 declare -A result
+# run_one <key> <function> [args] <mode>: one run; says on stderr what it got
+# and how long it took, so a run cut short by a timeout shows where it stood.
+run_one() {
+  local key=$1 t0=$SECONDS value; shift
+  value=$("$@" 2>/dev/null | tail -1)
+  echo "   $key ${*: -1}: ${value:-no result} ($((SECONDS - t0)) s)" >&2
+  echo "$value"
+}
 measure() {  # measure <key> <higher|lower> <function> [args]
   local key=$1 dir=$2; shift 2
   local k=() v=()
   for ((r = 0; r < rounds; r++)); do
-    k+=("$("$@" kernel 2>/dev/null | tail -1)")
-    v+=("$("$@" vmmc 2>/dev/null | tail -1)")
+    k+=("$(run_one "$key" "$@" kernel)")
+    v+=("$(run_one "$key" "$@" vmmc)")
   done
   result[$key.kernel]=$(best "$dir" "${k[@]}")
   result[$key.vmmc]=$(best "$dir" "${v[@]}")

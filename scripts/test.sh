@@ -52,6 +52,10 @@ done
 total_passed=0
 total_failed=0
 failed_parts=()
+# What each failing test printed (its last lines), repeated at the very end so
+# that a CI log cut to its tail still shows why.
+failures=$(mktemp)
+trap 'rm -f "$failures"' EXIT
 
 # Runs ctest in $1 with the extra ctest arguments; adds its counts.
 run_ctest() {
@@ -69,6 +73,19 @@ run_ctest() {
     all=$(sed -E 's/.* failed out of ([0-9]+).*/\1/' <<<"$line")
     passed=$((all - failed))
   fi
+  # ctest --output-on-failure prints a failed test's output after its result
+  # line, up to the next test's start.
+  awk -v part="$part" '
+    /Test +#[0-9]+: .*(\*\*\*|Not Run|Exception)/ { flush(); name = $0; n = 0; next }
+    /^ *Start +[0-9]+: / || /tests passed, / { flush(); next }
+    name != "" { buf[n++ % 40] = $0 }
+    function flush(  i) {
+      if (name == "") return
+      print "---- " part ": " name
+      for (i = (n > 40 ? n - 40 : 0); i < n; i++) print "     " buf[i % 40]
+      name = ""
+    }
+    END { flush() }' "$log" >>"$failures"
   rm -f "$log"
   total_passed=$((total_passed + passed))
   total_failed=$((total_failed + failed))
@@ -160,6 +177,10 @@ done
 
 echo "== test.sh: parts ${parts[*]} in $((SECONDS - start)) s"
 if ((${#failed_parts[@]})); then
+  if [[ -s $failures ]]; then
+    echo "== failing tests, the last lines of each (whole output above):"
+    cat "$failures"
+  fi
   echo "== failed: ${failed_parts[*]}"
 fi
 echo "test.sh: $total_passed passed, $total_failed failed"
