@@ -80,7 +80,10 @@ status context::impl::start(const context_options& options) {
     tcp_listener = std::move(*tcp_fd);
   }
   blob = encode_address(self);
-  control_thread = std::thread([this] { control_loop(); });
+  control_thread = std::thread([this] {
+    one_of_the_stacks_threads();
+    control_loop();
+  });
   return {};
 }
 

@@ -224,6 +224,19 @@ static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
 // ---- libfabric (fabric.cc) ------------------------------------------------
 class fabric_endpoint;
 
+// How deep this thread is in work for the stack: a fabric_call around each
+// libfabric call, and one for the whole life of the control thread, which
+// opens nothing for the program. See opening_for_the_stack().
+inline thread_local int stack_work_depth = 0;
+class fabric_call {
+ public:
+  fabric_call() noexcept { ++stack_work_depth; }
+  ~fabric_call() { --stack_work_depth; }
+  fabric_call(const fabric_call&) = delete;
+  fabric_call& operator=(const fabric_call&) = delete;
+};
+inline void one_of_the_stacks_threads() noexcept { ++stack_work_depth; }
+
 // One posted operation (or a group of posts, such as a write and its record).
 // Shared between the request table and the endpoint's in-flight set; libfabric
 // gets a raw pointer as its context and the endpoint keeps it alive until

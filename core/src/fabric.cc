@@ -35,6 +35,13 @@ std::error_code fabric_error_code(ssize_t rc) {
   if (rc == -FI_EACCES || rc == -FI_EKEYREJECTED) return errc::permission_denied;
   return errc::fabric_error;
 }
+// The endpoint's lock, held around its libfabric calls, which are the
+// stack's work (descriptors they open are close-on-exec: core.h).
+struct fabric_lock {
+  fabric_call call;
+  std::lock_guard<std::recursive_mutex> lock;
+  explicit fabric_lock(std::recursive_mutex& m) : lock(m) {}
+};
 }  // namespace
 
 std::string fabric_endpoint::full_name() const { return full_provider_name(short_name_); }
@@ -44,6 +51,7 @@ result<std::unique_ptr<fabric_endpoint>> fabric_endpoint::open(const std::string
                                                                std::size_t inline_max,
                                                                std::size_t utlb_limit,
                                                                remote_write_sink sink) {
+  fabric_call call;
   std::unique_ptr<fabric_endpoint> e(new fabric_endpoint());
   e->short_name_ = short_name;
   e->sink_ = std::move(sink);
@@ -129,6 +137,7 @@ result<std::unique_ptr<fabric_endpoint>> fabric_endpoint::open(const std::string
 }
 
 fabric_endpoint::~fabric_endpoint() {
+  fabric_call call;
   if (ep_) fi_close(&ep_->fid);
   in_flight_.clear();  // operations a dead peer never completed hold leases
   utlb_.reset();       // deregisters cached local registrations
@@ -141,14 +150,14 @@ fabric_endpoint::~fabric_endpoint() {
 }
 
 result<fi_addr_t> fabric_endpoint::insert_peer(const std::vector<std::uint8_t>& address) {
-  std::lock_guard lock(mutex_);
+  fabric_lock lock(mutex_);
   fi_addr_t a = FI_ADDR_NOTAVAIL;
   if (fi_av_insert(av_, address.data(), 1, &a, 0, nullptr) != 1) return errc::unreachable;
   return a;
 }
 
 void fabric_endpoint::remove_peer(fi_addr_t address) {
-  std::lock_guard lock(mutex_);
+  fabric_lock lock(mutex_);
   fi_av_remove(av_, &address, 1, 0);
 }
 
@@ -159,7 +168,7 @@ result<fabric_mr> fabric_endpoint::register_export(void* base, std::size_t lengt
   if (has_right(allowed, rights::read)) access |= FI_REMOTE_READ;
   fabric_mr m;
   m.endpoint = this;
-  std::lock_guard lock(mutex_);
+  fabric_lock lock(mutex_);
   std::uint64_t key = next_key_++;
   if (fi_mr_reg(domain_, base, length, access, 0, key, 0, &m.mr, nullptr) != 0)
     return errc::fabric_error;
@@ -169,14 +178,14 @@ result<fabric_mr> fabric_endpoint::register_export(void* base, std::size_t lengt
 }
 
 void fabric_endpoint::deregister_export(fabric_mr& m) {
-  std::lock_guard lock(mutex_);
+  fabric_lock lock(mutex_);
   if (m.mr) fi_close(&m.mr->fid);
   m.mr = nullptr;
 }
 
 result<registration> fabric_endpoint::register_memory(const void* address, std::size_t length) {
   fid_mr* mr = nullptr;
-  std::lock_guard lock(mutex_);
+  fabric_lock lock(mutex_);
   if (fi_mr_reg(domain_, address, length, FI_SEND | FI_RECV | FI_READ | FI_WRITE, 0, next_key_++,
                 0, &mr, nullptr) != 0)
     return errc::resource_exhausted;
@@ -184,18 +193,18 @@ result<registration> fabric_endpoint::register_memory(const void* address, std::
 }
 
 void fabric_endpoint::deregister_memory(const registration& r) {
-  std::lock_guard lock(mutex_);
+  fabric_lock lock(mutex_);
   fi_close(&reinterpret_cast<fid_mr*>(r.token)->fid);
 }
 
 void fabric_endpoint::begin(const std::shared_ptr<op>& o) {
   o->parts.store(1, std::memory_order_relaxed);  // the posting guard
-  std::lock_guard lock(mutex_);
+  fabric_lock lock(mutex_);
   in_flight_.emplace(o.get(), o);
 }
 
 void fabric_endpoint::finish_posting(const std::shared_ptr<op>& o, std::error_code error) {
-  std::lock_guard lock(mutex_);
+  fabric_lock lock(mutex_);
   complete(o.get(), error);
 }
 
@@ -203,7 +212,7 @@ template <class Post>
 status fabric_endpoint::post_retrying(Post&& post, const std::atomic<bool>& peer_alive) {
   for (int spins = 0;; ++spins) {
     {
-      std::lock_guard lock(mutex_);
+      fabric_lock lock(mutex_);
       ssize_t rc = post();
       if (rc == 0) return {};
       if (rc != -FI_EAGAIN) return fabric_error_code(rc);
@@ -217,7 +226,7 @@ status fabric_endpoint::post_retrying(Post&& post, const std::atomic<bool>& peer
 int fabric_endpoint::take_bounce_slot(const std::atomic<bool>& peer_alive) {
   for (;;) {
     {
-      std::lock_guard lock(mutex_);
+      fabric_lock lock(mutex_);
       if (!free_bounce_.empty()) {
         int slot = free_bounce_.back();
         free_bounce_.pop_back();
@@ -269,7 +278,7 @@ std::shared_ptr<op> fabric_endpoint::start_part(const std::shared_ptr<op>& o, in
   part->parent = o;
   o->parts.fetch_add(1, std::memory_order_relaxed);
   part->parts.store(1, std::memory_order_relaxed);
-  std::lock_guard lock(mutex_);
+  fabric_lock lock(mutex_);
   in_flight_.emplace(part.get(), part);
   return part;
 }
@@ -307,7 +316,7 @@ status fabric_endpoint::post_bounced(const std::shared_ptr<op>& o, bool is_write
         },
         peer_alive);
     if (!s) {
-      std::lock_guard lock(mutex_);
+      fabric_lock lock(mutex_);
       complete(part.get(), s.error());
       return s;
     }
@@ -355,7 +364,7 @@ status fabric_endpoint::post_rma(const std::shared_ptr<op>& o, bool is_write, fi
       },
       peer_alive);
   if (!s) {
-    std::lock_guard lock(mutex_);
+    fabric_lock lock(mutex_);
     complete(o.get(), s.error());
   }
   return s;
@@ -430,11 +439,12 @@ std::size_t fabric_endpoint::progress_locked() {
 }
 
 std::size_t fabric_endpoint::progress() {
-  std::lock_guard lock(mutex_);
+  fabric_lock lock(mutex_);
   return progress_locked();
 }
 
 std::size_t fabric_endpoint::try_progress() {
+  fabric_call call;
   std::unique_lock lock(mutex_, std::try_to_lock);
   return lock.owns_lock() ? progress_locked() : 0;
 }
@@ -442,7 +452,7 @@ std::size_t fabric_endpoint::try_progress() {
 bool fabric_endpoint::try_arm_wait() {
   if (wait_fd_ < 0) return false;
   fid* fids[1] = {&cq_->fid};
-  std::lock_guard lock(mutex_);
+  fabric_lock lock(mutex_);
   return fi_trywait(fabric_, fids, 1) == FI_SUCCESS;
 }
 
@@ -458,3 +468,7 @@ void fabric_endpoint::sleep_for_completions(std::chrono::microseconds timeout) {
 }
 
 }  // namespace vmmc::core::detail
+
+namespace vmmc::core {
+bool opening_for_the_stack() noexcept { return detail::stack_work_depth > 0; }
+}  // namespace vmmc::core

@@ -28,6 +28,7 @@
 #include "vmmc/sockets/socket.h"
 
 namespace so = vmmc::sockets;
+static_assert(int{SOCK_CLOEXEC} == int{EPOLL_CLOEXEC} && int{SOCK_CLOEXEC} == int{O_CLOEXEC});
 
 namespace {
 
@@ -78,12 +79,14 @@ inline bool bypass() {
 
 extern "C" {
 
+// What libfabric opens for the stack (it calls these from inside) is
+// close-on-exec: so::stack_cloexec().
 int socket(int domain, int type, int protocol) {
-  FORWARD(socket(domain, type, protocol), socket(domain, type, protocol));
+  FORWARD(socket(domain, type | so::stack_cloexec(), protocol), socket(domain, type, protocol));
 }
 int socketpair(int domain, int type, int protocol, int fds[2]) {
-  return real.socketpair ? real.socketpair(domain, type, protocol, fds)
-                         : (resolve(), real.socketpair(domain, type, protocol, fds));
+  if (!real.socketpair) resolve();
+  return real.socketpair(domain, type | so::stack_cloexec(), protocol, fds);
 }
 int bind(int fd, const sockaddr* address, socklen_t length) {
   FORWARD(bind(fd, address, length), bind(fd, address, length));
@@ -92,10 +95,11 @@ int listen(int fd, int backlog) {
   FORWARD(listen(fd, backlog), listen(fd, backlog));
 }
 int accept(int fd, sockaddr* address, socklen_t* length) {
-  FORWARD(accept(fd, address, length), accept(fd, address, length));
+  FORWARD(accept4(fd, address, length, so::stack_cloexec()), accept(fd, address, length));
 }
 int accept4(int fd, sockaddr* address, socklen_t* length, int flags) {
-  FORWARD(accept4(fd, address, length, flags), accept4(fd, address, length, flags));
+  FORWARD(accept4(fd, address, length, flags | so::stack_cloexec()),
+          accept4(fd, address, length, flags));
 }
 int connect(int fd, const sockaddr* address, socklen_t length) {
   FORWARD(connect(fd, address, length), connect(fd, address, length));
@@ -191,10 +195,11 @@ int pselect(int nfds, fd_set* readable, fd_set* writable, fd_set* exceptional,
           pselect(nfds, readable, writable, exceptional, timeout, mask));
 }
 int epoll_create(int size) {
+  if (bypass() && so::stack_cloexec()) return real.epoll_create1(EPOLL_CLOEXEC);
   FORWARD(epoll_create(size), epoll_create(size));
 }
 int epoll_create1(int flags) {
-  FORWARD(epoll_create1(flags), epoll_create1(flags));
+  FORWARD(epoll_create1(flags | so::stack_cloexec()), epoll_create1(flags));
 }
 int epoll_ctl(int epfd, int op, int fd, epoll_event* event) {
   FORWARD(epoll_ctl(epfd, op, fd, event), epoll_ctl(epfd, op, fd, event));

@@ -18,6 +18,8 @@
 #include <dlfcn.h>
 #include <netconfig.h>
 #include <rpc/rpc.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -117,6 +119,35 @@ CLIENT* clnttcp_create(struct sockaddr_in* address, u_long prog, u_long vers, in
     }
   }
   return next(address, prog, vers, sockp, sendsz, recvsz);
+}
+
+// The calls by which libfabric opens descriptors for the stack: what it
+// opens is close-on-exec (sockets::stack_cloexec()), so no child of the
+// program inherits it. Every other call passes unchanged.
+int socket(int domain, int type, int protocol) {
+  static auto next = real<int (*)(int, int, int)>("socket");
+  return next(domain, type | vmmc::sockets::stack_cloexec(), protocol);
+}
+int socketpair(int domain, int type, int protocol, int fds[2]) {
+  static auto next = real<int (*)(int, int, int, int*)>("socketpair");
+  return next(domain, type | vmmc::sockets::stack_cloexec(), protocol, fds);
+}
+int accept(int fd, sockaddr* address, socklen_t* length) {
+  static auto next = real<int (*)(int, sockaddr*, socklen_t*, int)>("accept4");
+  return next(fd, address, length, vmmc::sockets::stack_cloexec());
+}
+int accept4(int fd, sockaddr* address, socklen_t* length, int flags) {
+  static auto next = real<int (*)(int, sockaddr*, socklen_t*, int)>("accept4");
+  return next(fd, address, length, flags | vmmc::sockets::stack_cloexec());
+}
+int epoll_create(int size) {
+  static auto next = real<int (*)(int)>("epoll_create");
+  if (vmmc::sockets::stack_cloexec()) return epoll_create1(EPOLL_CLOEXEC);
+  return next(size);
+}
+int epoll_create1(int flags) {
+  static auto next = real<int (*)(int)>("epoll_create1");
+  return next(flags | vmmc::sockets::stack_cloexec());
 }
 
 }  // extern "C"

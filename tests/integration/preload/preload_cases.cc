@@ -1,13 +1,15 @@
 // tests/integration/preload/preload_cases.cc: ordinary socket programs, run
 // by CTest under LD_PRELOAD=libvmmc_preload.so (see CMakeLists.txt).
 //
-// Written against libc only, as the programs the interposer is for. Each
+// Written against libc only (and libtirpc for the vRPC interposer's case), as
+// the programs the interposers are for. Each
 // case starts its peers by executing this binary again in a role; the
 // interposer's vmmc_preload_describe (looked up with dlsym, so the program
 // also runs without it) tells whether a connection is accelerated. Every byte
 // on every connection follows an offset-derived pattern, checked on receipt:
 // a byte lost, doubled or reordered fails the case. Usage: preload_cases <case>.
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -15,6 +17,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
+#include <rpc/rpc.h>
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/resource.h>
@@ -945,6 +948,105 @@ int lazy_case() {
   return 0;
 }
 
+// ---- descriptors of the stack stay out of children (issue 14, item 3): a
+// client with an accelerated connection runs programs through popen(),
+// system() and fork + exec; each lists what it inherited. Only the standard
+// three and the connection itself (the program's own, not close-on-exec)
+// may be there: libfabric opened its sockets and epoll sets without
+// FD_CLOEXEC, and a child kept, among others, a listening socket.
+// The descriptors of this process a child would inherit (no FD_CLOEXEC),
+// as "a,b,c".
+std::string inheritable_fds() {
+  DIR* d = ::opendir("/proc/self/fd");
+  check(d != nullptr, "opendir /proc/self/fd");
+  std::string list;
+  while (dirent* e = ::readdir(d)) {
+    int fd = std::atoi(e->d_name);
+    if (e->d_name[0] == '.' || fd == ::dirfd(d)) continue;
+    int flags = ::fcntl(fd, F_GETFD);
+    if (flags >= 0 && !(flags & FD_CLOEXEC)) list += std::to_string(fd) + ",";
+  }
+  ::closedir(d);
+  return list;
+}
+
+// The child: fails, naming them, when it holds descriptors beyond `allowed`.
+int list_inherited_fds(const std::string& allowed) {
+  std::string got = inheritable_fds(), extra;
+  for (std::size_t at = 0, end; (end = got.find(',', at)) != std::string::npos; at = end + 1) {
+    std::string fd = got.substr(at, end - at);
+    if (("," + allowed).find("," + fd + ",") != std::string::npos) continue;
+    char target[256] = "";
+    std::string link = "/proc/self/fd/" + fd;
+    ssize_t n = ::readlink(link.c_str(), target, sizeof target - 1);
+    if (n > 0) target[n] = 0;
+    extra += " " + fd + " (" + target + ")";
+  }
+  if (extra.empty()) return 0;
+  std::fprintf(stderr, "[%d] inherited beyond %s:%s\n", ::getpid(), allowed.c_str(), extra.c_str());
+  return 1;
+}
+
+// Runs `list-fds` through popen(), system() and fork + exec; 0 when none
+// of them got a descriptor beyond `allowed`.
+int children_inherit_only(const std::string& allowed) {
+  std::string command = self + " list-fds " + allowed;
+  FILE* p = ::popen(command.c_str(), "r");
+  check(p != nullptr, "popen");
+  int popen_status = ::pclose(p);
+  int system_status = ::system(command.c_str());
+  pid_t child = ::fork();
+  check(child >= 0, "fork");
+  if (child == 0) {
+    ::execl(self.c_str(), self.c_str(), "list-fds", allowed.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int exec_status = 0;
+  check(::waitpid(child, &exec_status, 0) == child, "waitpid");
+  if (popen_status == 0 && system_status == 0 && exec_status == 0) return 0;
+  std::fprintf(stderr, "[%d] FAIL: children inherited descriptors (popen %d, system %d, exec %d)\n",
+               ::getpid(), popen_status, system_status, exec_status);
+  return 1;
+}
+
+int inheritance_client(int port) {
+  // What this process got from its own parent may go on; and the connection.
+  std::string allowed = inheritable_fds();
+  int fd = connect_to(port);
+  allowed += std::to_string(fd) + ",";
+  echo_round(fd, small);
+  echo_round(fd, 100000);
+  expect_path(fd, true, "client before its children");
+  if (children_inherit_only(allowed) != 0) return 1;
+  echo_round(fd, 100000);  // the connection still works after all that
+  finish(fd);
+  return 0;
+}
+
+// The same for an RPC client under libvrpc_preload.so: clnt_create to a
+// vRPC server (upgraded by the interposer), a call, then the children.
+int rpc_inheritance_client(const char* host, rpcprog_t program, rpcvers_t version) {
+  std::string allowed = inheritable_fds();
+  CLIENT* c = ::clnt_create(host, program, version, "tcp");
+  check(c != nullptr, "clnt_create");
+  int fd = -1;
+  clnt_control(c, CLGET_FD, reinterpret_cast<char*>(&fd));
+  allowed += std::to_string(fd) + ",";
+  timeval wait{10, 0};
+  auto void_proc = reinterpret_cast<xdrproc_t>(reinterpret_cast<void*>(&xdr_void));
+  check(clnt_call(c, NULLPROC, void_proc, nullptr, void_proc, nullptr, wait) == RPC_SUCCESS,
+        "null call");
+  int rc = children_inherit_only(allowed);
+  check(clnt_call(c, NULLPROC, void_proc, nullptr, void_proc, nullptr, wait) == RPC_SUCCESS,
+        "null call after the children");
+  clnt_destroy(c);
+  return rc;
+}
+
+int inheritance_case() {
+  return serve_clients({"select-server", "1", "0"}, {"inheritance-client"});
+}
+
 // Threads with the smallest stack POSIX allows (PTHREAD_STACK_MIN, as some
 // RPC and embedded programs use) start under the interposer: glibc takes a
 // thread's static TLS out of its stack, so ours must stay small (a 64 KiB
@@ -1161,9 +1263,15 @@ int main(int argc, char** argv) {
     return exit_writer(static_cast<int>(arg(2)), static_cast<std::uint64_t>(arg(3)), argc > 4 ? argv[4] : "return");
   if (role == "bulk") return bulk_case(static_cast<std::uint64_t>(arg(2)) << 20);
   if (role == "pingpong") return pingpong_case();
+  if (role == "inheritance") return inheritance_case();
   // Peers.
   if (role == "epoll-server") return epoll_server(static_cast<int>(arg(2)), arg(3) != 0);
   if (role == "select-server") return select_server(static_cast<int>(arg(2)), arg(3) != 0);
+  if (role == "inheritance-client") return inheritance_client(static_cast<int>(arg(2)));
+  if (role == "rpc-inheritance")
+    return rpc_inheritance_client(argc > 2 ? argv[2] : "127.0.0.1", static_cast<rpcprog_t>(arg(3)),
+                                  static_cast<rpcvers_t>(arg(4)));
+  if (role == "list-fds") return list_inherited_fds(argc > 2 ? argv[2] : "");
   if (role == "echo-client") return echo_client(static_cast<int>(arg(2)), arg(3) != 0);
   if (role == "poll-client") return poll_client(static_cast<int>(arg(2)));
   if (role == "fork-after-accept-server") return fork_after_accept_server();

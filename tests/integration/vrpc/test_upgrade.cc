@@ -128,6 +128,17 @@ TEST_F(vrpc_upgrade, an_unmodified_rpcgen_client_is_upgraded_without_relinking) 
   EXPECT_EQ(client("udp transport", true), "udp\n");
 }
 
+// An upgraded client's children (popen, system, fork + exec) inherit no
+// descriptor of the stack: libfabric opened its sockets and epoll sets
+// without FD_CLOEXEC (issue 14, item 3).
+TEST_F(vrpc_upgrade, the_children_of_an_upgraded_client_inherit_nothing_of_the_stack) {
+  server_ = start_kv_server(false);
+  ASSERT_GT(server_, 0);
+  std::string out = run("env LD_PRELOAD=" PRELOAD " " PRELOAD_CASES
+                        " rpc-inheritance 127.0.0.1 536897126 1; echo status $?");
+  EXPECT_NE(out.find("status 0"), std::string::npos) << out;
+}
+
 TEST_F(vrpc_upgrade, the_preloaded_client_falls_back_to_tcp_against_a_plain_server) {
   server_ = start_kv_server(true);
   ASSERT_GT(server_, 0);

@@ -291,4 +291,10 @@ class context {
   std::unique_ptr<impl> impl_;
 };
 
+// True while the calling thread is in libfabric for the stack, or is one of
+// the stack's own threads: a descriptor opened now is the stack's. libfabric
+// opens its sockets and epoll sets without FD_CLOEXEC; the interposers add
+// it to what such a thread opens, so no child of the program inherits them.
+bool opening_for_the_stack() noexcept;
+
 }  // namespace vmmc::core

@@ -133,5 +133,10 @@ void interposer_install();
 // Before exec(): takes inherited connections back to TCP; returns the
 // environment to pass (`envp`, or a copy with VMMC_SOCKETS_INHERIT).
 char* const* prepare_exec(char* const* envp);
+// SOCK_CLOEXEC (the same bit as O_CLOEXEC and EPOLL_CLOEXEC) while this
+// thread opens descriptors for the stack (core::opening_for_the_stack()),
+// else 0: the interposers add it to the descriptor-creating calls they pass
+// to libc, so that no child of the program inherits libfabric's.
+int stack_cloexec() noexcept;
 
 }  // namespace vmmc::sockets
