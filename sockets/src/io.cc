@@ -148,17 +148,23 @@ bool wait_readable(stream& s, clock::time_point deadline) {
   return true;
 }
 
-// The channel's peer is gone without ending its stream. Like the kernel: if
-// its TCP side closed in order (a process that exits or is killed gets a
-// FIN), every byte it sent has been read and this is the end of the stream;
-// a reset is ECONNRESET. (On the fabric path bytes a killed peer had not yet
-// pushed out are lost; the mapped path has them all.)
+// The channel's peer is gone. If it went back to TCP first (a process that
+// forked, then closed its copy while the child serves), its end record waits
+// on TCP ahead of the rest of its stream: go on there. Otherwise, like the
+// kernel: if its TCP side closed in order (a process that exits or is killed
+// gets a FIN), every byte it sent has been read and this is the end of the
+// stream; a reset is ECONNRESET. (On the fabric path bytes a killed peer had
+// not yet pushed out are lost; the mapped path has them all.)
 ssize_t end_after_peer_gone(stream& s) {
   auto deadline = clock::now() + std::chrono::milliseconds(200);
-  while (!s.tcp_eof.load() && clock::now() < deadline) {
+  while (true) {
+    drain_doorbells(s);
+    if (input_on_tcp(s)) return switched;
+    // Its end record is in, and channel bytes before it arrived meanwhile.
+    if (s.peer_channel_end.load() != stream::no_end && s.chan->readable() > 0) return switched;
+    if (s.tcp_eof.load() || clock::now() >= deadline) break;
     pollfd pfd{s.fd, POLLIN, 0};
     ::poll(&pfd, 1, 20);
-    drain_doorbells(s);
   }
   // A same-host peer copied every byte it sent into our memory before its
   // send returned: nothing can have been lost with it.
