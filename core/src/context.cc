@@ -59,10 +59,6 @@ status context::impl::start(const context_options& options) {
   if (!unix_fd) return unix_fd.error();
   unix_listener = std::move(*unix_fd);
 
-  // libfabric 1.17's tcp provider leaves Nagle on: 64-byte ping-pongs then
-  // take milliseconds. Turn it off unless the user decided otherwise; this
-  // must precede the process's first fi_getinfo.
-  ::setenv("FI_TCP_NODELAY", "1", 0);
   bool remote_capable = false;
   for (const std::string& p : providers) {
     if (p == "shm") remove_stale_fabric_shm_files();

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "core.h"
+#include "libfabric.h"
 #include "vmmc/core/memory_monitor.h"
 
 namespace vmmc::core::detail {
@@ -52,12 +53,15 @@ result<std::unique_ptr<fabric_endpoint>> fabric_endpoint::open(const std::string
                                                                std::size_t utlb_limit,
                                                                remote_write_sink sink) {
   fabric_call call;
+  const libfabric::entry_points* lib = libfabric::load();
+  if (!lib) return errc::unreachable;
+  libfabric::signal_dispositions_kept kept;  // providers start at first use
   std::unique_ptr<fabric_endpoint> e(new fabric_endpoint());
   e->short_name_ = short_name;
   e->sink_ = std::move(sink);
   e->inline_max_ = inline_max;
 
-  fi_info* hints = fi_allocinfo();
+  fi_info* hints = lib->dupinfo(nullptr);  // fi_allocinfo()
   hints->ep_attr->type = FI_EP_RDM;
   hints->caps = FI_MSG | FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE |
                 FI_SEND | FI_RECV;
@@ -72,11 +76,11 @@ result<std::unique_ptr<fabric_endpoint>> fabric_endpoint::open(const std::string
   hints->tx_attr->msg_order = FI_ORDER_SAW | FI_ORDER_WAW | FI_ORDER_SAS | FI_ORDER_RAW;
   hints->fabric_attr->prov_name = ::strdup(full_provider_name(short_name).c_str());
   const bool ip_based = short_name != "shm";
-  int rc = fi_getinfo(FI_VERSION(1, 17), ip_based ? tcp_address.c_str() : nullptr, nullptr,
+  int rc = lib->getinfo(FI_VERSION(1, 17), ip_based ? tcp_address.c_str() : nullptr, nullptr,
                       ip_based ? FI_SOURCE : 0, hints, &e->info_);
-  fi_freeinfo(hints);
+  lib->freeinfo(hints);
   if (rc != 0) {
-    VMMC_WARN("provider %s unavailable: %s", short_name.c_str(), fi_strerror(-rc));
+    VMMC_WARN("provider %s unavailable: %s", short_name.c_str(), lib->strerror(-rc));
     return errc::unreachable;
   }
   fi_info* info = e->info_;
@@ -87,7 +91,7 @@ result<std::unique_ptr<fabric_endpoint>> fabric_endpoint::open(const std::string
   e->inject_with_context_ = std::strstr(info->fabric_attr->prov_name, "ofi_rxm") != nullptr;
   e->completion_needs_peer_ = short_name == "shm";
 
-  if ((rc = fi_fabric(info->fabric_attr, &e->fabric_, nullptr)) ||
+  if ((rc = lib->fabric(info->fabric_attr, &e->fabric_, nullptr)) ||
       (rc = fi_domain(e->fabric_, info, &e->domain_, nullptr)))
     return errc::unreachable;
   fi_av_attr av_attr{};
@@ -109,7 +113,7 @@ result<std::unique_ptr<fabric_endpoint>> fabric_endpoint::open(const std::string
       (rc = fi_ep_bind(e->ep_, &e->av_->fid, 0)) ||
       (rc = fi_ep_bind(e->ep_, &e->cq_->fid, FI_TRANSMIT | FI_RECV)) ||
       (rc = fi_enable(e->ep_))) {
-    VMMC_ERROR("endpoint on %s: %s", short_name.c_str(), fi_strerror(-rc));
+    VMMC_ERROR("endpoint on %s: %s", short_name.c_str(), lib->strerror(-rc));
     return errc::fabric_error;
   }
   std::size_t name_length = 256;
@@ -146,7 +150,7 @@ fabric_endpoint::~fabric_endpoint() {
   if (av_) fi_close(&av_->fid);
   if (domain_) fi_close(&domain_->fid);
   if (fabric_) fi_close(&fabric_->fid);
-  if (info_) fi_freeinfo(info_);
+  if (info_) libfabric::load()->freeinfo(info_);
 }
 
 result<fi_addr_t> fabric_endpoint::insert_peer(const std::vector<std::uint8_t>& address) {

@@ -13,13 +13,17 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <rpc/rpc.h>
 #include <signal.h>
+#include <stddef.h>
 #include <sys/epoll.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/select.h>
 #include <sys/sendfile.h>
@@ -1047,6 +1051,126 @@ int inheritance_case() {
   return serve_clients({"select-server", "1", "0"}, {"inheritance-client"});
 }
 
+// ---- The interposer changes nothing in a process but its connections (issue
+// 14, items 2 and 9). Debian's libfabric brings libinfinipath, whose load took
+// 0.2 s and put handlers on SIGSEGV/BUS/ILL/ABRT/INT/TERM that turned a death
+// by signal into exit(1) plus a *.btr file, and whose exit code reset them with
+// rt_sigaction, which killed a seccomp-sandboxed child with SIGSYS.
+constexpr int crash_signals[] = {SIGSEGV, SIGBUS, SIGILL, SIGABRT, SIGINT, SIGTERM};
+
+bool fabric_loaded() {
+  FILE* maps = std::fopen("/proc/self/maps", "r");
+  check(maps != nullptr, "open /proc/self/maps");
+  bool found = false;
+  for (char line[512]; std::fgets(line, sizeof line, maps);)
+    found |= std::strstr(line, "libfabric") != nullptr;
+  std::fclose(maps);
+  return found;
+}
+
+// Fails if a signal's handler lives in a library of the fabric stack.
+void expect_own_signal_handlers(const char* when) {
+  for (int s : crash_signals) {
+    struct sigaction a {};
+    check(::sigaction(s, nullptr, &a) == 0, "sigaction query");
+    if (a.sa_handler == SIG_DFL || a.sa_handler == SIG_IGN) continue;
+    Dl_info where{};
+    if (::dladdr(reinterpret_cast<void*>(a.sa_handler), &where) == 0 || !where.dli_fname) continue;
+    const std::string lib = where.dli_fname;
+    for (const char* foreign : {"fabric", "psm", "infinipath", "verbs", "efa"})
+      if (lib.find(foreign) != std::string::npos) {
+        std::fprintf(stderr, "[%d] FAIL %s: signal %d (%s) is handled by %s\n", ::getpid(), when,
+                     s, ::strsignal(s), lib.c_str());
+        std::exit(1);
+      }
+  }
+}
+
+// A child killed by `s` must die by it, as without the interposer.
+void expect_death_by(int s, const char* when) {
+  struct sigaction a {};
+  ::sigaction(s, nullptr, &a);
+  if (a.sa_handler != SIG_DFL) return;  // the program's own (a sanitizer's) choice
+  pid_t child = ::fork();
+  check(child >= 0, "fork");
+  if (child == 0) {
+    ::kill(::getpid(), s);
+    _exit(0);
+  }
+  int status = 0;
+  check(::waitpid(child, &status, 0) == child, "waitpid");
+  if (!WIFSIGNALED(status) || WTERMSIG(status) != s) {
+    std::fprintf(stderr, "[%d] FAIL %s: a child killed by %s ended with status %#x\n", ::getpid(),
+                 when, ::strsignal(s), status);
+    std::exit(1);
+  }
+}
+
+// A child that forbids itself rt_sigaction (as privilege-separated servers'
+// per-connection children do) then exits normally must end with status 0.
+void expect_sandboxed_exit(const char* when) {
+  pid_t child = ::fork();
+  check(child >= 0, "fork");
+  if (child == 0) {
+    sock_filter filter[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_rt_sigaction, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    sock_fprog program{static_cast<unsigned short>(std::size(filter)), filter};
+    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
+        ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) != 0)
+      _exit(3);
+    std::exit(0);  // atexit handlers and library destructors run
+  }
+  int status = 0;
+  check(::waitpid(child, &status, 0) == child, "waitpid");
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::fprintf(stderr, "[%d] FAIL %s: a sandboxed child's exit(0) ended with status %#x\n",
+                 ::getpid(), when, status);
+    std::exit(1);
+  }
+}
+
+void expect_unchanged(const char* when) {
+  expect_own_signal_handlers(when);
+  for (int s : crash_signals) expect_death_by(s, when);
+  expect_sandboxed_exit(when);
+}
+
+int unchanged_client(int port) {
+  char dir[] = "/tmp/vmmc-unchanged-XXXXXX";  // where a crash file would land
+  check(::mkdtemp(dir) != nullptr && ::chdir(dir) == 0, "working directory");
+  if (fabric_loaded()) {
+    std::fprintf(stderr, "[%d] FAIL: libfabric is loaded before any peer\n", ::getpid());
+    return 1;
+  }
+  expect_unchanged("before any peer");
+  int fd = connect_to(port);
+  echo_round(fd, small);
+  echo_round(fd, 100000);
+  expect_path(fd, true, "client");  // then the forks below revert it
+  std::fprintf(stderr, "[%d] libfabric %s after the first peer\n", ::getpid(),
+               fabric_loaded() ? "loaded" : "not loaded");
+  expect_unchanged("after a peer");
+  echo_round(fd, small);
+  finish(fd);
+  DIR* d = ::opendir(".");
+  int left = 0;
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::fprintf(stderr, "[%d] FAIL: a child left %s\n", ::getpid(), e->d_name);
+    ::unlink(e->d_name);
+    ++left;
+  }
+  ::closedir(d);
+  check(::chdir("/") == 0 && ::rmdir(dir) == 0, "remove working directory");
+  return left == 0 ? 0 : 1;
+}
+
+int unchanged_case() { return serve_clients({"select-server", "1", "0"}, {"unchanged-client"}); }
+
 // Threads with the smallest stack POSIX allows (PTHREAD_STACK_MIN, as some
 // RPC and embedded programs use) start under the interposer: glibc takes a
 // thread's static TLS out of its stack, so ours must stay small (a 64 KiB
@@ -1264,10 +1388,12 @@ int main(int argc, char** argv) {
   if (role == "bulk") return bulk_case(static_cast<std::uint64_t>(arg(2)) << 20);
   if (role == "pingpong") return pingpong_case();
   if (role == "inheritance") return inheritance_case();
+  if (role == "unchanged") return unchanged_case();
   // Peers.
   if (role == "epoll-server") return epoll_server(static_cast<int>(arg(2)), arg(3) != 0);
   if (role == "select-server") return select_server(static_cast<int>(arg(2)), arg(3) != 0);
   if (role == "inheritance-client") return inheritance_client(static_cast<int>(arg(2)));
+  if (role == "unchanged-client") return unchanged_client(static_cast<int>(arg(2)));
   if (role == "rpc-inheritance")
     return rpc_inheritance_client(argc > 2 ? argv[2] : "127.0.0.1", static_cast<rpcprog_t>(arg(3)),
                                   static_cast<rpcvers_t>(arg(4)));
