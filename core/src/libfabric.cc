@@ -61,9 +61,13 @@ struct signal_dispositions_kept::saved {
 };
 
 namespace {
+// Masks compared signal by signal: glibc copies the kernel's 8 bytes into a
+// 128-byte sigset_t and leaves the rest as it found it.
 bool same(const struct sigaction& a, const struct sigaction& b) {
-  return a.sa_sigaction == b.sa_sigaction && a.sa_flags == b.sa_flags &&
-         std::memcmp(&a.sa_mask, &b.sa_mask, sizeof a.sa_mask) == 0;
+  if (a.sa_sigaction != b.sa_sigaction || a.sa_flags != b.sa_flags) return false;
+  for (int s = 1; s < NSIG; ++s)
+    if (::sigismember(&a.sa_mask, s) != ::sigismember(&b.sa_mask, s)) return false;
+  return true;
 }
 }  // namespace
 
@@ -76,7 +80,9 @@ signal_dispositions_kept::~signal_dispositions_kept() {
     struct sigaction now {};
     if (!saved_->known[s] || ::sigaction(s, nullptr, &now) != 0 || same(now, saved_->action[s]))
       continue;
-    VMMC_WARN("libfabric changed the handling of signal %d (%s); put back", s, ::strsignal(s));
+    // Expected: the shm provider hooks SIGINT/BUS/SEGV/TERM to remove its files
+    // (we remove stale ones at start instead).
+    VMMC_DEBUG("libfabric changed the handling of signal %d (%s); put back", s, ::strsignal(s));
     ::sigaction(s, &saved_->action[s], nullptr);
   }
 }
