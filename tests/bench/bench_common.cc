@@ -80,7 +80,7 @@ bool parse_options(int argc, char** argv, options& out, std::string& error) {
 
 void print_usage(std::ostream& os, std::string_view argv0) {
   os << "usage: " << argv0 << " <benchmark> [--quick] [--json PATH] [--provider shm|tcp|all]\n"
-     << "  benchmark   core, sockets, vrpc, nx\n"
+     << "  benchmark   core, sockets, vrpc, nx, startup\n"
      << "  --quick     short sweep, whole run under 30 s\n"
      << "  --json PATH also write the results as JSON to PATH\n"
      << "  --provider  libfabric provider(s) to measure: shm (default), tcp (tcp;ofi_rxm), all\n";
@@ -104,6 +104,8 @@ std::string_view metric_name(metric m) {
       return "overhead_us";
     case metric::rate_per_s:
       return "rate_per_s";
+    case metric::resident_MB:
+      return "resident_MB";
   }
   return "?";
 }

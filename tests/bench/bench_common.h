@@ -31,7 +31,7 @@ namespace vmmc::bench {
 // ---------------------------------------------------------------- options
 
 struct options {
-  std::string benchmark;               // "core", later "sockets", "vrpc", "nx"
+  std::string benchmark;               // "core", "sockets", "vrpc", "nx", "startup"
   bool quick = false;                  // whole run in under 30 s
   std::string json_path;               // empty: no JSON file
   std::vector<std::string> providers;  // short names: "shm" and/or "tcp"
@@ -48,10 +48,10 @@ std::string fabric_provider_name(const std::string& short_name);
 
 // ---------------------------------------------------------------- results
 
-enum class metric { latency_us, bandwidth_GBps, overhead_us, rate_per_s };
+enum class metric { latency_us, bandwidth_GBps, overhead_us, rate_per_s, resident_MB };
 
 std::string_view metric_name(metric m);
-// Bandwidth and rate: higher is better. Latency and overhead: lower is better.
+// Bandwidth and rate: higher is better. Latency, overhead and memory: lower is better.
 bool higher_is_better(metric m);
 
 inline constexpr double not_measured = std::numeric_limits<double>::quiet_NaN();

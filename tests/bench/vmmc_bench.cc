@@ -17,6 +17,7 @@
 #include "bench_core.h"
 #include "bench_nx.h"
 #include "bench_sockets.h"
+#include "bench_startup.h"
 #include "bench_vrpc.h"
 
 namespace {
@@ -35,6 +36,7 @@ const std::vector<benchmark>& benchmarks() {
       {"sockets", vmmc::bench::run_sockets_benchmark},
       {"nx", vmmc::bench::run_nx_benchmark},
       {"vrpc", vmmc::bench::run_vrpc_benchmark},
+      {"startup", vmmc::bench::run_startup_benchmark},
   };
   return all;
 }
