@@ -37,10 +37,11 @@ status context::impl::start(const context_options& options) {
       options.mapped_path < 0 ? setting_bool(settings::mapped_path) : options.mapped_path != 0;
   liveness = std::chrono::milliseconds(setting_integer(settings::liveness_ms));
   spin = std::chrono::microseconds(setting_integer(settings::spin_us));
-  const auto inline_max = static_cast<std::size_t>(
+  fabric_settings.providers = std::move(providers);
+  fabric_settings.inline_max = static_cast<std::size_t>(
       std::clamp<std::int64_t>(setting_integer(settings::inline_max), 64, 64 * 1024));
-  const auto utlb_limit = static_cast<std::size_t>(setting_integer(settings::utlb_limit));
-  const std::string tcp_address = setting_string(settings::tcp_address);
+  fabric_settings.utlb_limit = static_cast<std::size_t>(setting_integer(settings::utlb_limit));
+  fabric_settings.tcp_address = setting_string(settings::tcp_address);
 
   self.host = local_host_id();
   self.pid = static_cast<std::uint32_t>(::getpid());
@@ -59,23 +60,14 @@ status context::impl::start(const context_options& options) {
   if (!unix_fd) return unix_fd.error();
   unix_listener = std::move(*unix_fd);
 
-  bool remote_capable = false;
-  for (const std::string& p : providers) {
-    if (p == "shm") remove_stale_fabric_shm_files();
-    auto sink = [this](std::uint64_t immediate) { on_remote_record(immediate); };
-    auto e = fabric_endpoint::open(p, tcp_address, inline_max, utlb_limit, sink);
-    if (!e) continue;  // logged by open(); other providers may still serve
-    self.fabric.emplace_back(p, (*e)->name());
-    remote_capable |= p != "shm";
-    endpoints.push_back(std::move(*e));
-  }
-  if (endpoints.empty() && !mapped_enabled) return errc::unreachable;
-  if (remote_capable) {
-    auto tcp_fd = listen_tcp(tcp_address, self.control_tcp);
-    if (!tcp_fd) return tcp_fd.error();
-    tcp_listener = std::move(*tcp_fd);
-  }
   blob = encode_address(self);
+  // Same-host peers need no provider while the mapped path serves them:
+  // libfabric's start costs ~0.3 s and tens of MB (tcp), so on demand it
+  // waits for a peer on another host.
+  if (!(options.fabric_on_demand && mapped_enabled)) {
+    status opened = open_fabric();
+    if (!opened && !mapped_enabled) return opened;
+  }
   control_thread = std::thread([this] {
     one_of_the_stacks_threads();
     control_loop();
@@ -118,7 +110,49 @@ context::impl::~impl() {
     std::lock_guard lock(requests_mutex);
     requests.clear();
   }
-  endpoints.clear();
+  fabric.store(nullptr);
+  fabric_owned.reset();
+}
+
+status context::impl::open_fabric() {
+  std::lock_guard lock(fabric_mutex);
+  if (fabric_tried) return fabric.load() ? status{} : status{errc::unreachable};
+  fabric_tried = true;
+  auto paths = std::make_unique<fabric_paths>();
+  const fabric_plan& plan = fabric_settings;
+  std::vector<std::pair<std::string, std::vector<std::uint8_t>>> names;
+  bool remote_capable = false;
+  for (const std::string& p : plan.providers) {
+    if (p == "shm") remove_stale_fabric_shm_files();
+    auto sink = [this](std::uint64_t immediate) { on_remote_record(immediate); };
+    auto e = fabric_endpoint::open(p, plan.tcp_address, plan.inline_max, plan.utlb_limit, sink);
+    if (!e) continue;  // logged by open(); other providers may still serve
+    names.emplace_back(p, (*e)->name());
+    remote_capable |= p != "shm";
+    paths->endpoints.push_back(std::move(*e));
+  }
+  if (paths->endpoints.empty()) return errc::unreachable;
+  std::string control_tcp;
+  if (remote_capable) {
+    auto tcp_fd = listen_tcp(plan.tcp_address, control_tcp);
+    if (!tcp_fd) return tcp_fd.error();
+    paths->tcp_listener = std::move(*tcp_fd);
+  }
+  {
+    std::lock_guard address_lock(address_mutex);
+    for (auto& n : names) self.fabric.push_back(std::move(n));
+    self.control_tcp = control_tcp;
+    blob = encode_address(self);
+  }
+  fabric_owned = std::move(paths);
+  fabric.store(fabric_owned.get(), std::memory_order_release);
+  wake_control_thread();  // to watch the new listener
+  return {};
+}
+
+std::string context::impl::address_blob() const {
+  std::lock_guard lock(address_mutex);
+  return blob;
 }
 
 void context::impl::wake_control_thread() {
@@ -138,7 +172,9 @@ result<context> context::create(const context_options& options) {
   return context(std::move(p));
 }
 
-const std::string& context::address() const noexcept { return impl_->blob; }
+std::string context::address() const { return impl_->address_blob(); }
+
+status context::open_remote_paths() { return impl_->open_fabric(); }
 
 result<mappable_buffer> context::allocate(std::size_t bytes) {
   auto seg = segment::create(bytes, "vmmc-buffer");
@@ -293,7 +329,7 @@ counters context::stats() const {
   c.notifications_sent = impl_->count.notifications_sent;
   c.notifications_received = impl_->count.notifications_received;
   c.bytes_fetched = impl_->count.bytes_fetched;
-  for (const auto& e : impl_->endpoints) {
+  for (const auto& e : impl_->endpoints()) {
     reg_cache_counters u = e->utlb().counters();
     c.utlb_lookups += u.lookups;
     c.utlb_hits += u.hits;

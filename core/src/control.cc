@@ -149,7 +149,8 @@ void context::impl::control_loop() {
     fds.clear();
     fds.push_back({control_wakeup.get(), POLLIN, 0});
     fds.push_back({unix_listener.get(), POLLIN, 0});
-    fds.push_back({tcp_listener ? tcp_listener.get() : -1, POLLIN, 0});
+    const fabric_paths* opened = fabric.load(std::memory_order_acquire);
+    fds.push_back({opened && opened->tcp_listener ? opened->tcp_listener.get() : -1, POLLIN, 0});
     {
       std::lock_guard lock(links_mutex);
       link_list = links;
@@ -168,9 +169,9 @@ void context::impl::control_loop() {
                               std::chrono::nanoseconds(app_idle_after).count();
     control_watching_fabric.store(app_idle, std::memory_order_release);
     bool fabric_ready = false, has_unwaitable_endpoint = false;
-    for (auto& e : endpoints) has_unwaitable_endpoint |= e->in_use() && !e->has_wait_fd();
+    for (auto& e : endpoints()) has_unwaitable_endpoint |= e->in_use() && !e->has_wait_fd();
     if (app_idle)
-      for (auto& e : endpoints)
+      for (auto& e : endpoints())
         if (e->in_use() && e->has_wait_fd()) {
           if (e->try_arm_wait())
             fds.push_back({e->wait_fd(), POLLIN, 0});
@@ -211,7 +212,7 @@ void context::impl::control_loop() {
 
     if (app_idle) {
       std::size_t handled = 0;
-      for (auto& e : endpoints)
+      for (auto& e : endpoints())
         if (e->in_use()) handled += e->try_progress();
       fabric_tick = handled ? std::chrono::milliseconds(1)
                             : std::min<std::chrono::milliseconds>(fabric_tick * 2,

@@ -578,14 +578,38 @@ class context::impl {
   void send_owed_acks();
 
   // state ------------------------------------------------------------------
-  detail::peer_address self;
-  std::string blob;
+  detail::peer_address self;  // fabric and control_tcp: under address_mutex
+  mutable std::mutex address_mutex;
+  std::string blob;  // encode_address(self), under address_mutex
   bool mapped_enabled = true;
   std::chrono::milliseconds liveness{600};
   std::chrono::microseconds spin{50};
-  std::vector<std::unique_ptr<detail::fabric_endpoint>> endpoints;
 
-  detail::unique_fd unix_listener, tcp_listener;
+  // The fabric side: providers' endpoints and the TCP control listener remote
+  // peers reach us by. Opened at start, or with fabric_on_demand when a peer
+  // first needs it (open_fabric); fixed from then until the context ends.
+  struct fabric_paths {
+    std::vector<std::unique_ptr<detail::fabric_endpoint>> endpoints;
+    detail::unique_fd tcp_listener;
+  };
+  struct fabric_plan {
+    std::vector<std::string> providers;
+    std::string tcp_address;
+    std::size_t inline_max = 0, utlb_limit = 0;
+  } fabric_settings;
+  std::mutex fabric_mutex;  // serialises open_fabric
+  bool fabric_tried = false;
+  std::unique_ptr<fabric_paths> fabric_owned;
+  std::atomic<const fabric_paths*> fabric{nullptr};  // published once open
+  status open_fabric();                               // context.cc
+  std::string address_blob() const;
+  const std::vector<std::unique_ptr<detail::fabric_endpoint>>& endpoints() const noexcept {
+    static const std::vector<std::unique_ptr<detail::fabric_endpoint>> none;
+    const fabric_paths* f = fabric.load(std::memory_order_acquire);
+    return f ? f->endpoints : none;
+  }
+
+  detail::unique_fd unix_listener;
   detail::unique_fd notify_eventfd;           // the notification fd given to users
   std::shared_ptr<detail::segment> wake_segment;
   detail::wake_page* wake = nullptr;

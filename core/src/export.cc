@@ -48,7 +48,7 @@ result<export_handle> context::impl::export_buffer(std::string_view name, void* 
   auto release_mrs = [&] {
     for (fabric_mr& m : e->mrs) m.endpoint->deregister_export(m);
   };
-  for (auto& endpoint : endpoints) {
+  for (auto& endpoint : endpoints()) {
     auto mr = endpoint->register_export(base, length, e->allowed);
     if (!mr) {
       release_mrs();

@@ -44,10 +44,13 @@ result<context::impl::peer_ptr> context::impl::connect_peer(std::string_view blo
   if (!fd) return fd.error();
   peer->conn = std::make_unique<connection>(std::move(*fd), peer->same_host);
 
-  std::vector<std::uint8_t> hello(sizeof(wire::hello_body) + blob.size());
-  wire::hello_body h{self.uid, self.pid, static_cast<std::uint32_t>(blob.size())};
+  // A peer on another host is reached over the fabric, and reaches us so.
+  if (!peer->same_host) (void)open_fabric();
+  const std::string mine = address_blob();
+  std::vector<std::uint8_t> hello(sizeof(wire::hello_body) + mine.size());
+  wire::hello_body h{self.uid, self.pid, static_cast<std::uint32_t>(mine.size())};
   std::memcpy(hello.data(), &h, sizeof h);
-  std::memcpy(hello.data() + sizeof h, blob.data(), blob.size());
+  std::memcpy(hello.data() + sizeof h, mine.data(), mine.size());
   if (auto s = peer->conn->write_frame(wire::frame_type::hello, hello.data(), hello.size()); !s)
     return s.error();
   auto reply = peer->conn->read_one(deadline);
@@ -85,16 +88,17 @@ result<import_handle> context::impl::import_buffer(std::string_view peer_blob,
   // Path: the mapped one when the exporter can hand us its memfd; else the
   // first provider both ends have (shm only within a host).
   const bool want_mapped = mapped_enabled && p->same_host && p->wake_map;
+  if (!want_mapped) (void)open_fabric();  // the first import that needs it
   fabric_endpoint* endpoint = nullptr;
-  for (auto& e : endpoints) {
-    if ((e->short_name() == "shm") != p->same_host && endpoints.size() > 1) continue;
+  for (auto& e : endpoints()) {
+    if ((e->short_name() == "shm") != p->same_host && endpoints().size() > 1) continue;
     if (p->address.fabric_for(e->short_name())) {
       endpoint = e.get();
       break;
     }
   }
   if (!endpoint)  // e.g. a same-host peer reachable only over tcp
-    for (auto& e : endpoints)
+    for (auto& e : endpoints())
       if (p->address.fabric_for(e->short_name()) && (e->short_name() != "shm" || p->same_host)) {
         endpoint = e.get();
         break;

@@ -93,7 +93,7 @@ std::size_t context::impl::poll_notifications() {
         link->alive = false;  // stop reading a corrupt producer
   }
   if (batch.empty())
-    for (auto& e : endpoints)
+    for (auto& e : endpoints())
       if (e->in_use()) e->try_progress();
   if (pending_nonempty.load(std::memory_order_acquire)) {
     std::lock_guard lock(pending_mutex);
@@ -116,7 +116,7 @@ bool context::impl::prepare_wait() {
   armed = true;
   // Pairs with the fences of senders: they see the flag or we see their data.
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  for (auto& e : endpoints)
+  for (auto& e : endpoints())
     if (e->in_use()) e->try_progress();
   if (notification_pending()) return false;
   // The control thread takes over fabric progress while we sleep.
@@ -134,7 +134,7 @@ result<std::size_t> context::impl::wait_notifications(std::chrono::milliseconds 
     if (now >= deadline) return errc::timed_out;
     if (now < start + spin || !prepare_wait()) continue;
     std::vector<pollfd> fds{{notify_eventfd.get(), POLLIN, 0}};
-    for (auto& e : endpoints)
+    for (auto& e : endpoints())
       if (e->in_use() && e->has_wait_fd() && e->try_arm_wait())
         fds.push_back({e->wait_fd(), POLLIN, 0});
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count();

@@ -1,5 +1,6 @@
 // The in-band upgrade (wire.h): offer and accept bytes, the server's hello
 // frame, channel set-up, and the doorbell on the TCP connection.
+#include <ifaddrs.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -92,9 +93,56 @@ void become_plain(stream& s, const char* why) {
   log(3, "fd %d: plain TCP (%s)", s.fd.load(), why);
 }
 
+// The IP address of a socket address, IPv4-mapped IPv6 as IPv4.
+std::string ip_of(const sockaddr* a) {
+  if (a->sa_family == AF_INET) {
+    auto* v4 = reinterpret_cast<const sockaddr_in*>(a);
+    return std::string(reinterpret_cast<const char*>(&v4->sin_addr), 4);
+  }
+  if (a->sa_family != AF_INET6) return {};
+  auto* v6 = reinterpret_cast<const sockaddr_in6*>(a);
+  if (IN6_IS_ADDR_V4MAPPED(&v6->sin6_addr))
+    return std::string(reinterpret_cast<const char*>(&v6->sin6_addr) + 12, 4);
+  return std::string(reinterpret_cast<const char*>(&v6->sin6_addr), 16);
+}
+
+// Whether the other end of the connection is on this host (in this network
+// namespace): loopback, or an address of one of our interfaces, which the
+// kernel delivers locally.
+bool peer_on_this_host(int fd) {
+  sockaddr_storage peer{}, local{};
+  socklen_t peer_length = sizeof peer, local_length = sizeof local;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_length) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_length) != 0)
+    return false;
+  const std::string ip = ip_of(reinterpret_cast<const sockaddr*>(&peer));
+  if (ip.empty()) return false;
+  if ((ip.size() == 4 && ip[0] == 127) || ip == std::string(15, '\0') + '\1') return true;
+  if (ip == ip_of(reinterpret_cast<const sockaddr*>(&local))) return true;
+  ifaddrs* interfaces = nullptr;
+  if (::getifaddrs(&interfaces) != 0) return false;
+  bool ours = false;
+  for (ifaddrs* i = interfaces; i && !ours; i = i->ifa_next)
+    ours = i->ifa_addr && ip_of(i->ifa_addr) == ip;
+  ::freeifaddrs(interfaces);
+  return ours;
+}
+
+// The process's context, with its fabric open when this connection's peer is
+// on another host (same-host peers take the mapped path: no provider needed).
+core::context* context_for(stream& s) {
+  core::context* ctx = process_context();
+  if (ctx && !peer_on_this_host(s.fd)) {
+    if (auto opened = ctx->open_remote_paths(); !opened)
+      log(1, "fd %d: no fabric for a peer on another host: %s", s.fd.load(),
+          opened.error().message().c_str());
+  }
+  return ctx;
+}
+
 // Server: the client offered; answer with accept + hello frame.
 void accept_offer(stream& s) {
-  core::context* ctx = process_context();
+  core::context* ctx = context_for(s);
   if (!ctx) return become_plain(s, "no VMMC context");
   auto chan = redirect::channel::create(*ctx, channel_options_for(s));
   if (!chan) {
@@ -133,7 +181,7 @@ void take_accept(stream& s) {
     s.pending_error.store(EPROTO);
     return become_plain(s, "malformed hello");
   }
-  core::context* ctx = process_context();
+  core::context* ctx = context_for(s);
   std::optional<redirect::channel> chan;
   if (ctx) {
     auto c = redirect::channel::create(*ctx, channel_options_for(s));

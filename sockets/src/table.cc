@@ -213,7 +213,9 @@ core::context* process_context() {
   if (st.owner == self) return st.ctx.get();
   abandon(st.ctx);  // the parent's: its threads are not here
   st.owner = self;
-  auto c = core::context::create();
+  core::context_options options;
+  options.fabric_on_demand = true;  // opened by the first peer on another host
+  auto c = core::context::create(options);
   if (c) {
     st.ctx = std::make_unique<core::context>(std::move(*c));
     if (!st.tried) std::atexit(close_everything);

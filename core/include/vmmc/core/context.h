@@ -148,6 +148,11 @@ struct context_options {
   // Use the mapped (user-level copy) path for same-host peers; unset means the
   // setting VMMC_CORE_MAPPED (default on).
   int mapped_path = -1;
+  // With the mapped path on, open the providers only when a peer on another
+  // host needs them (open_remote_paths(), or an import that cannot be mapped)
+  // instead of at creation: libfabric's start costs ~0.3 s and, with tcp,
+  // tens of MB that a process meeting only same-host peers never uses.
+  bool fabric_on_demand = false;
 };
 
 struct counters {
@@ -196,8 +201,15 @@ class context {
   ~context();  // unexports everything; importers see peer_gone.
 
   // Printable, opaque address of this process (ASCII, no whitespace). Upper
-  // layers exchange it in-band; import_buffer takes it back.
-  const std::string& address() const noexcept;
+  // layers exchange it in-band; import_buffer takes it back. It grows once,
+  // when the fabric opens: hand a peer on another host the address read after
+  // open_remote_paths().
+  std::string address() const;
+
+  // Opens the fabric providers and the control listener peers on other hosts
+  // reach us by, if not open yet (see context_options::fabric_on_demand).
+  // Errors: unreachable (no provider could be opened).
+  status open_remote_paths();
 
   // Memory that same-host importers may map. Errors: invalid_argument (0 bytes),
   // resource_exhausted.
