@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# tests/integration/preload/netns.sh PRELOAD: two simulated hosts (network
+# namespaces joined by a veth pair, created and removed here). A preloaded
+# python3 server and client move 32 MiB each way; the connection must switch
+# to the fabric (its peer is on another host: the sockets layer opens the
+# providers for it) and every byte must arrive, checked by SHA-256.
+# Exit 77 (skip) where namespaces cannot be created.
+set -euo pipefail
+preload=$1
+a=vmmc-pl-$$-a b=vmmc-pl-$$-b
+work=$(mktemp -d)
+cleanup() {
+  ip netns del "$a" 2>/dev/null || true
+  ip netns del "$b" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+ip netns add "$a" 2>/dev/null || { echo "cannot create network namespaces"; exit 77; }
+ip netns add "$b"
+ip link add "v$$a" type veth peer name "v$$b"
+ip link set "v$$a" netns "$a"
+ip link set "v$$b" netns "$b"
+ip -n "$a" addr add 10.231.0.1/24 dev "v$$a"
+ip -n "$b" addr add 10.231.0.2/24 dev "v$$b"
+for ns in "$a" "$b"; do ip -n "$ns" link set lo up; done
+ip -n "$a" link set "v$$a" up
+ip -n "$b" link set "v$$b" up
+
+cat > "$work/peer.py" <<'PY'
+import hashlib, random, socket, sys, threading
+role, address, port, size = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+def exchange(conn, seed):  # both ways at once, as a full-duplex protocol would
+    out = random.Random(seed).randbytes(size)
+    sender = threading.Thread(target=conn.sendall, args=(out,))
+    sender.start()
+    got, h = 0, hashlib.sha256()
+    while got < size:
+        chunk = conn.recv(min(1 << 20, size - got))
+        if not chunk:
+            sys.exit(f"{role}: end of stream after {got} of {size} bytes")
+        h.update(chunk)
+        got += len(chunk)
+    sender.join()
+    print(f"{role} sent {hashlib.sha256(out).hexdigest()} got {h.hexdigest()}", flush=True)
+if role == "server":
+    l = socket.create_server((address, port))
+    print("listening", flush=True)
+    c, _ = l.accept()
+    exchange(c, 1)
+    if c.recv(1) != b"":
+        sys.exit("server: bytes after the end")
+else:
+    c = socket.create_connection((address, port), timeout=60)
+    exchange(c, 2)
+    c.shutdown(socket.SHUT_WR)
+    if c.recv(1) != b"":
+        sys.exit("client: bytes after the end")
+c.close()
+PY
+
+size=$((32 << 20)) port=47311
+run() {  # namespace, address for the stack, peer.py arguments...
+  local ns=$1 self=$2
+  shift 2
+  timeout 90 ip netns exec "$ns" env LD_PRELOAD="$preload" VMMC_CORE_TCP_ADDRESS="$self" \
+    VMMC_SOCKETS_LOG_LEVEL=3 python3 "$work/peer.py" "$@"
+}
+run "$a" 10.231.0.1 server 10.231.0.1 $port $size > "$work/server.out" 2> "$work/server.err" &
+server=$!
+for _ in $(seq 100); do grep -q listening "$work/server.out" && break; sleep 0.05; done
+status=0
+run "$b" 10.231.0.2 client 10.231.0.1 $port $size > "$work/client.out" 2> "$work/client.err" || status=$?
+wait "$server" || status=$?
+cat "$work/server.out" "$work/client.out"
+read -r _ _ server_sent _ server_got < <(grep "^server sent" "$work/server.out") || true
+read -r _ _ client_sent _ client_got < <(grep "^client sent" "$work/client.out") || true
+problem=
+[[ $status == 0 ]] || problem="a peer failed (status $status)"
+[[ -n ${server_sent:-} && $server_sent == "${client_got:-}" ]] || problem+=" server->client bytes differ"
+[[ -n ${client_sent:-} && $client_sent == "${server_got:-}" ]] || problem+=" client->server bytes differ"
+for side in server client; do
+  grep -q "switched to fabric" "$work/$side.err" || problem+=" the $side did not switch to the fabric"
+done
+if [[ -n $problem ]]; then
+  echo "FAIL:$problem"
+  tail -n 5 "$work/server.err" "$work/client.err"
+  exit 1
+fi
+echo "ok: 2 x $size bytes across namespaces over the fabric"
