@@ -249,10 +249,14 @@ struct op {
   std::shared_ptr<struct import_entry> import;
   std::optional<reg_cache::lease> lease;
   bool zero_copy = false;  // a post reads or writes the caller's memory directly
+  bool lands_in_caller = false;  // a zero-copy read: the provider writes it
   int bounce_slot = -1;
   void* copy_to = nullptr;  // small fetches land in a bounce slot first
   std::size_t copy_length = 0;
   std::shared_ptr<op> parent;  // a bounce-slot part completes into its op
+  // Its waiter gave up (the peer is gone) and returned: a part completing
+  // later must not copy into the caller's memory. Under the endpoint lock.
+  bool abandoned = false;
 };
 
 struct fabric_mr {
@@ -303,6 +307,9 @@ class fabric_endpoint final : public registrar {
   // An op's life on this endpoint: begin() registers it with a posting guard,
   // posts add parts, finish_posting() drops the guard (recording `error`).
   void begin(const std::shared_ptr<op>& o);
+  // The waiter of `o` returns before it completed: nothing of it lands in
+  // the caller's memory from now on (zero-copy reads excepted: see wait_op).
+  void abandon(op& o);
   void finish_posting(const std::shared_ptr<op>& o, std::error_code error);
 
   // Posts; each adds one part to `o` which completes through progress().

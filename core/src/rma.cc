@@ -278,16 +278,29 @@ status context::impl::post_record(const import_ptr& imp, const std::shared_ptr<o
 status context::impl::wait_op(op& o, clock::time_point deadline) {
   fabric_endpoint* ep = o.import ? o.import->endpoint : nullptr;
   const auto spin_until = clock::now() + spin;
+  // Giving up for good: what completes later must not land in the caller's
+  // memory (a fetch into a local variable was written after its function had
+  // returned). A zero-copy read the provider still holds writes the caller's
+  // buffer directly: give the provider a moment to fail it first (a dead
+  // peer's connection fails at once; bytes it sent before are landed here).
+  auto give_up = [&] {
+    if (!ep) return errc::peer_gone;
+    ep->abandon(o);
+    const auto patience = clock::now() + std::chrono::milliseconds(200);
+    while (o.lands_in_caller && !o.done.load(std::memory_order_acquire) &&
+           clock::now() < patience)
+      ep->progress();
+    return errc::peer_gone;
+  };
   while (!o.done.load(std::memory_order_acquire)) {
     if (ep) ep->progress();
     if (o.done.load(std::memory_order_acquire)) break;
-    if (o.import && !o.import->peer->alive.load(std::memory_order_acquire))
-      return errc::peer_gone;
+    if (o.import && !o.import->peer->alive.load(std::memory_order_acquire)) return give_up();
     auto now = clock::now();
     if (now >= deadline) return errc::timed_out;
     if (now > spin_until && o.import && o.import->peer->conn->closed_by_peer()) {
       peer_died(o.import->peer);
-      return errc::peer_gone;
+      return give_up();
     }
     if (now > spin_until && ep)
       ep->sleep_for_completions(std::min<std::chrono::microseconds>(

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <optional>
 #include <utility>
@@ -155,6 +156,39 @@ TEST_F(CrossHost, BrokenLinkIsReportedWithinOneSecond) {
   EXPECT_LT(elapsed, 1s) << std::chrono::duration_cast<std::chrono::milliseconds>(elapsed).count()
                          << " ms";
   EXPECT_EQ(b.wait(), 0);
+}
+
+// A fetch its caller gave up on (the exporter went silent past the liveness
+// limit: peer_gone) never lands in the caller's memory afterwards, when the
+// exporter wakes and answers it. It did: a bounced fetch into a local
+// variable was copied there after the function had returned (TSan, a
+// preloaded python3 across namespaces: "Location is stack of thread T1").
+TEST_F(CrossHost, AFetchGivenUpNeverLandsLater) {
+  child_process a([&](int out) { return exporter_on_a(ns_a_, ip_a_, out); });
+  const std::string address = a.read_line();
+  child_process b([&](int out) {
+    auto [c, h] = importer_on(ns_b_, ip_b_, address);
+    if (!c) return 20;
+    std::vector<unsigned char> back(64);
+    if (!c->fetch(h, 0, back.data(), back.size()).ok()) return 21;  // the path works
+    child_process::send_line(out, "ready");
+    std::this_thread::sleep_for(200ms);  // the parent stops the exporter meanwhile
+    status s = c->fetch(h, 0, back.data(), back.size());
+    if (!s.is(errc::peer_gone)) return 22;
+    std::fill(back.begin(), back.end(), 0xAA);
+    child_process::send_line(out, "gave up");
+    std::this_thread::sleep_for(1500ms);  // the exporter runs again and answers
+    for (unsigned char v : back)
+      if (v != 0xAA) return 23;
+    return 0;
+  });
+  ASSERT_EQ(b.read_line(), "ready");
+  ::kill(a.pid(), SIGSTOP);
+  ASSERT_EQ(b.read_line(), "gave up");
+  ::kill(a.pid(), SIGCONT);
+  EXPECT_EQ(b.wait(), 0) << "22: the fetch did not fail; 23: it landed after it failed";
+  a.kill_now();
+  a.wait();
 }
 
 }  // namespace
