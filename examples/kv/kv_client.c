@@ -67,7 +67,9 @@ int main(int argc, char** argv) {
       if (!kv_put_1(&args, client)) clnt_perror(client, "put"), status = 1;
     clock_gettime(CLOCK_MONOTONIC, &b);
     double us = ((double)(b.tv_sec - a.tv_sec) * 1e9 + (double)(b.tv_nsec - a.tv_nsec)) / 1e3;
-    printf("%ld puts of %zu bytes: %.2f us each\n", n, size, us / (double)n);
+    char** path = status == 0 ? kv_transport_1(NULL, client) : NULL;
+    printf("%ld puts of %zu bytes: %.2f us each, over %s\n", n, size, us / (double)n,
+           path ? *path : "?");
     free(value);
   } else {
     fprintf(stderr, "unknown command\n");

@@ -152,6 +152,32 @@ int socket(int domain, int type, int protocol) {
   return fd;
 }
 
+int take_over(int fd) {
+  int type = 0, domain = 0, listening = 0;
+  socklen_t length = sizeof type;
+  sockaddr_storage peer{};
+  socklen_t peer_length = sizeof peer;
+  if (!enabled() || ::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &length) != 0 ||
+      ::getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &(length = sizeof domain)) != 0 ||
+      ::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &(length = sizeof listening)) != 0 ||
+      !is_tcp(domain, type, 0) || listening ||
+      ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_length) == 0 ||
+      errno != ENOTCONN) {
+    errno = EINVAL;
+    return -1;
+  }
+  // A stream already here that has left the idle phase belonged to an earlier
+  // socket of this number, closed behind our back (a program that closes a
+  // clnt_vc_create descriptor with libc's close under libvrpc_preload): the
+  // kernel socket is new, so is its stream.
+  if (stream_ptr old = find(fd); old && old->state.load() != phase::idle) forget(fd);
+  if (!find(fd)) {
+    auto s = adopt(fd, false);
+    s->nonblocking.store(::fcntl(fd, F_GETFL) & O_NONBLOCK);
+  }
+  return 0;
+}
+
 int bind(int fd, const sockaddr* address, socklen_t length) {
   return ::bind(fd, address, length);
 }

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
@@ -155,9 +156,15 @@ bool_t free_results(CLIENT*, xdrproc_t xdr_results, void* results) {
   return free_decoded(xdr_results, results);
 }
 
+constexpr const char* own_netid = "tcp";
+
 void destroy(CLIENT* handle) {
   client* c = &of(handle);
   if (c->close_fd) sockets::close(c->fd);
+  // Strings clnt_tli_create put there (libtirpc frees them in clnt_vc_destroy).
+  if (handle->cl_netid && handle->cl_netid != own_netid && handle->cl_netid[0])
+    std::free(handle->cl_netid);
+  if (handle->cl_tp && handle->cl_tp[0]) std::free(handle->cl_tp);
   delete c;
 }
 
@@ -234,6 +241,25 @@ void creation_failed(clnt_stat status, int error_number) {
 using namespace vmmc::vrpc::detail;
 namespace sockets = vmmc::sockets;
 
+namespace {
+// A client on `fd`, connected to `server`.
+CLIENT* make_client(int fd, const sockaddr_in* server, rpcprog_t prog, rpcvers_t vers) {
+  int one = 1;
+  sockets::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  auto* c = new client(fd);
+  c->server = *server;
+  c->server_netbuf = {sizeof c->server, sizeof c->server, &c->server};
+  c->prog = prog;
+  c->vers = vers;
+  c->next_xid = first_xid();
+  c->handle.cl_ops = &client_ops;
+  c->handle.cl_private = c;
+  c->handle.cl_auth = authnone_create();
+  c->handle.cl_netid = const_cast<char*>(own_netid);
+  return &c->handle;
+}
+}  // namespace
+
 extern "C" CLIENT* clnt_vmmc_create_addr(const sockaddr_in* server, rpcprog_t prog,
                                          rpcvers_t vers) {
   int fd = sockets::socket(AF_INET, SOCK_STREAM, 0);
@@ -246,19 +272,28 @@ extern "C" CLIENT* clnt_vmmc_create_addr(const sockaddr_in* server, rpcprog_t pr
     sockets::close(fd);
     return nullptr;
   }
-  int one = 1;
-  sockets::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  auto* c = new client(fd);
-  c->server = *server;
-  c->server_netbuf = {sizeof c->server, sizeof c->server, &c->server};
-  c->prog = prog;
-  c->vers = vers;
-  c->next_xid = first_xid();
-  c->handle.cl_ops = &client_ops;
-  c->handle.cl_private = c;
-  c->handle.cl_auth = authnone_create();
-  c->handle.cl_netid = const_cast<char*>("tcp");
-  return &c->handle;
+  return make_client(fd, server, prog, vers);
+}
+
+extern "C" CLIENT* clnt_vmmc_vc_create(int fd, const netbuf* raddr, rpcprog_t prog,
+                                       rpcvers_t vers) {
+  sockaddr_in server{};
+  if (!raddr || !raddr->buf || raddr->len != sizeof server ||
+      static_cast<const sockaddr*>(raddr->buf)->sa_family != AF_INET ||
+      sockets::take_over(fd) != 0) {
+    creation_failed(RPC_SYSTEMERROR, EINVAL);
+    return nullptr;
+  }
+  std::memcpy(&server, raddr->buf, sizeof server);
+  if (sockets::connect(fd, reinterpret_cast<const sockaddr*>(&server), sizeof server) != 0 &&
+      errno != EISCONN) {
+    creation_failed(RPC_SYSTEMERROR, errno);
+    return nullptr;
+  }
+  CLIENT* handle = make_client(fd, &server, prog, vers);
+  of(handle).close_fd = false;  // the caller's descriptor, as clnt_vc_create
+  handle->cl_netid = nullptr;
+  return handle;
 }
 
 extern "C" CLIENT* clnt_vmmc_create(const char* host, rpcprog_t prog, rpcvers_t vers,

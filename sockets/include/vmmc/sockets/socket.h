@@ -41,6 +41,11 @@
 namespace vmmc::sockets {
 
 int socket(int domain, int type, int protocol);
+// Makes a TCP socket that another library created (not yet connected,
+// possibly bound or with options set) one of ours, as if socket() had made
+// it: its connect() then offers VMMC. Returns 0; -1 with EINVAL when `fd`
+// is not an unconnected TCP socket, or when acceleration is disabled.
+int take_over(int fd);
 int bind(int fd, const sockaddr* address, socklen_t length);
 int listen(int fd, int backlog);
 int accept(int fd, sockaddr* address, socklen_t* length);

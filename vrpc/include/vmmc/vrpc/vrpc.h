@@ -46,6 +46,17 @@ CLIENT* clnt_vmmc_create(const char* host, rpcprog_t prog, rpcvers_t vers, unsig
 /* The same for a known address (its port must be set). */
 CLIENT* clnt_vmmc_create_addr(const struct sockaddr_in* server, rpcprog_t prog, rpcvers_t vers);
 
+/* clnt_vc_create()'s contract on a vRPC connection, for the interposer:
+ * `fd` is an unconnected TCP socket the caller made (bound or with options
+ * set as it likes); it is connected to `raddr` (IPv4) through vmmc::sockets,
+ * so that it is upgraded when the server speaks VMMC and stays kernel TCP
+ * otherwise. As with clnt_vc_create, a failed connect sets rpc_createerr
+ * (RPC_SYSTEMERROR, errno), the client does not close `fd` unless told
+ * CLSET_FD_CLOSE, and clnt_destroy frees non-empty cl_netid/cl_tp strings
+ * the caller put there. NULL with rpc_createerr RPC_SYSTEMERROR/EINVAL when
+ * `fd` or `raddr` is not of that kind (the caller may then use clnt_vc_create). */
+CLIENT* clnt_vmmc_vc_create(int fd, const struct netbuf* raddr, rpcprog_t prog, rpcvers_t vers);
+
 /* A listening server transport bound to `address` (NULL: INADDR_ANY, any
  * port). xp_port is the bound port. Returns NULL and sets errno on failure. */
 SVCXPRT* svc_vmmc_create(const struct sockaddr_in* address);
