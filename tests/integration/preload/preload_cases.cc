@@ -1520,9 +1520,9 @@ int main(int argc, char** argv) {
   if (role == "rpc-inheritance")
     return rpc_inheritance_client(argc > 2 ? argv[2] : "127.0.0.1", static_cast<rpcprog_t>(arg(3)),
                                   static_cast<rpcvers_t>(arg(4)));
-  if (role == "rpc-create-variants")
-    return rpc_create_variants(argv[2], static_cast<rpcprog_t>(arg(3)),
-                               static_cast<rpcvers_t>(arg(4)), argv[5]);
+  if (role == "rpc-create-variants" && argc == 6)  // want, host, program, version
+    return rpc_create_variants(argv[3], static_cast<rpcprog_t>(arg(4)),
+                               static_cast<rpcvers_t>(arg(5)), argv[2]);
   if (role == "list-fds") return list_inherited_fds(argc > 2 ? argv[2] : "");
   if (role == "echo-client") return echo_client(static_cast<int>(arg(2)), arg(3) != 0);
   if (role == "poll-client") return poll_client(static_cast<int>(arg(2)));

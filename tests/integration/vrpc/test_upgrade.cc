@@ -81,6 +81,13 @@ std::string client(const std::string& args, bool preload) {
              args);
 }
 
+// A case of preload_cases (plain libtirpc) under the interposer against the
+// kv program; its output, ending "status <exit status>".
+std::string preloaded_case(const std::string& role_and_args) {
+  return run("env LD_PRELOAD=" PRELOAD " " PRELOAD_CASES " " + role_and_args +
+             " 127.0.0.1 536897126 1; echo status $?");
+}
+
 class vrpc_upgrade : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -137,8 +144,7 @@ TEST_F(vrpc_upgrade, an_unmodified_rpcgen_client_is_upgraded_without_relinking) 
 TEST_F(vrpc_upgrade, the_children_of_an_upgraded_client_inherit_nothing_of_the_stack) {
   server_ = start_kv_server(false);
   ASSERT_GT(server_, 0);
-  std::string out = run("env LD_PRELOAD=" PRELOAD " " PRELOAD_CASES
-                        " rpc-inheritance 127.0.0.1 536897126 1; echo status $?");
+  std::string out = preloaded_case("rpc-inheritance");
   EXPECT_NE(out.find("status 0"), std::string::npos) << out;
 }
 
@@ -147,16 +153,14 @@ TEST_F(vrpc_upgrade, the_children_of_an_upgraded_client_inherit_nothing_of_the_s
 TEST_F(vrpc_upgrade, every_tcp_client_creation_is_upgraded_invisibly) {
   server_ = start_kv_server(false);
   ASSERT_GT(server_, 0);
-  std::string out = run("env LD_PRELOAD=" PRELOAD " " PRELOAD_CASES
-                        " rpc-create-variants 127.0.0.1 536897126 1 mapped; echo status $?");
+  std::string out = preloaded_case("rpc-create-variants mapped");
   EXPECT_NE(out.find("status 0"), std::string::npos) << out;
 }
 
 TEST_F(vrpc_upgrade, every_tcp_client_creation_works_against_a_plain_server) {
   server_ = start_kv_server(true);
   ASSERT_GT(server_, 0);
-  std::string out = run("env LD_PRELOAD=" PRELOAD " " PRELOAD_CASES
-                        " rpc-create-variants 127.0.0.1 536897126 1 tcp; echo status $?");
+  std::string out = preloaded_case("rpc-create-variants tcp");
   EXPECT_NE(out.find("status 0"), std::string::npos) << out;
 }
 
