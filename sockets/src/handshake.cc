@@ -342,7 +342,7 @@ bool learn_peer_raw(stream& s) {
   return true;
 }
 
-void place_hello_locked(stream& s) {
+void place_hello_locked(stream& s, bool ring_now) {
   if (!s.hello_pending.load() || s.out_switched.load() || !s.chan) return;
   if (s.write_shut.load()) {
     // Our direction ended on TCP (shutdown before the switch): it stays
@@ -366,7 +366,15 @@ void place_hello_locked(stream& s) {
   }
   s.out_switched.store(true);
   nagle_off_for_doorbells(s);
-  ring_doorbell(s);  // a reader asleep on TCP must learn of the switch
+  // A reader asleep on TCP must learn of the switch, but only once there is
+  // something to read: placed by our reader, the doorbell waits for our next
+  // write. Sent at once, it reached servers that had answered and closed
+  // (HTTP/1.0 style), whose kernel reset the connection: the client got
+  // ECONNRESET instead of the end of a complete answer (issue 14, item 8).
+  if (ring_now)
+    ring_doorbell(s);
+  else
+    s.switch_doorbell_owed.store(true);
   log(3, "fd %d: writes switched to %s after %llu TCP bytes", s.fd.load(), s.chan->path().c_str(),
       static_cast<unsigned long long>(s.tcp_out));
 }
@@ -387,7 +395,7 @@ void advance_upgrade(stream& s) {
   // The writer owns the byte count; if it is busy, it places the hello when
   // its current write returns.
   std::unique_lock lock(s.write_mutex, std::try_to_lock);
-  if (lock) place_hello_locked(s);
+  if (lock) place_hello_locked(s, /*ring_now=*/false);
 }
 
 }  // namespace vmmc::sockets::detail

@@ -75,6 +75,9 @@ struct stream {
   // a direction switched, the kernel's stays on for our doorbells.
   std::atomic<bool> app_nodelay{false};
   std::atomic<bool> hello_pending{false};  // a reader found the peer ready; a writer places it
+  // Our hello was placed from the read side: the doorbell telling a peer
+  // asleep on TCP of the switch goes with our next write (handshake.cc).
+  std::atomic<bool> switch_doorbell_owed{false};
   // Incoming: raw bytes read from TCP so far; the peer's N once known;
   // in_switched once all of them are read.
   std::atomic<std::uint64_t> tcp_in{0};
@@ -184,7 +187,7 @@ bool check_connected(stream& s);  // connecting -> undecided once connected
 void try_decide(stream& s, bool wait_for_first_byte);
 bool peer_ready(stream& s);          // our channel hello may be placed now
 void advance_upgrade(stream& s);     // places it unless a writer is busy (it will)
-void place_hello_locked(stream& s);  // with write_mutex held
+void place_hello_locked(stream& s, bool ring_now = true);  // with write_mutex held
 bool learn_peer_raw(stream& s);      // true once the peer's N is known
 void ring_doorbell(stream& s);
 // Once our writes switched, our TCP bytes are doorbells: Nagle would hold

@@ -744,6 +744,67 @@ int exit_open_case() {
   return 0;
 }
 
+// ---- server closes first (issue 14, item 8): an HTTP/1.0-style server
+// answers one request per connection and closes; a client that opens a new
+// connection per request reads the whole answer, then the end, with no
+// error. Under the interposer the client's protocol bytes (hello, doorbell)
+// reached a server that had closed, the kernel answered with a reset, and
+// the answer's unread bytes were lost with an ECONNRESET.
+constexpr int one_request_rounds = 200;
+constexpr std::size_t request_size = 100, answer_size = 5000;
+
+int answer_and_close_server(int count) {
+  int port;
+  int lfd = listen_on(port);
+  tell_port(port);
+  std::vector<char> request(request_size), answer(answer_size);
+  fill(answer.data(), answer.size(), 0);
+  for (int i = 0; i < count; ++i) {
+    int c = ::accept(lfd, nullptr, nullptr);
+    check(c >= 0, "accept");
+    std::size_t got = 0;
+    while (got < request_size) {
+      ssize_t n = ::read(c, request.data() + got, request_size - got);
+      check(n > 0, "read request");
+      got += static_cast<std::size_t>(n);
+    }
+    write_all(c, answer.data(), answer.size());
+    ::close(c);
+  }
+  return 0;
+}
+
+int one_request_clients(int port, int count) {
+  std::vector<char> request(request_size, 'r'), answer(answer_size + 1);
+  for (int i = 0; i < count; ++i) {
+    int fd = connect_to(port);
+    write_all(fd, request.data(), request.size());
+    std::size_t got = 0;
+    while (true) {
+      ssize_t n = ::read(fd, answer.data() + got, answer.size() - got);
+      if (n == 0) break;
+      if (n < 0) {
+        std::fprintf(stderr, "[%d] FAIL: request %d: read after %zu of %zu bytes: %s\n",
+                     ::getpid(), i, got, answer_size, std::strerror(errno));
+        return 1;
+      }
+      got += static_cast<std::size_t>(n);
+    }
+    if (got != answer_size || !matches(answer.data(), got, 0)) {
+      std::fprintf(stderr, "[%d] FAIL: request %d: %zu bytes, want %zu\n", ::getpid(), i, got,
+                   answer_size);
+      return 1;
+    }
+    ::close(fd);
+  }
+  return 0;
+}
+
+int server_closes_first_case() {
+  const std::string rounds = std::to_string(one_request_rounds);
+  return serve_clients({"answer-and-close-server", rounds}, {"one-request-clients", rounds});
+}
+
 // ---- sendfile() into a peer that closed (issue 14 item 12: EIO under
 // vmmc): EPIPE or ECONNRESET, as kernel TCP gives. The sink reads 16 MiB
 // over VMMC, then closes with bytes unread.
@@ -1505,6 +1566,10 @@ int main(int argc, char** argv) {
   if (role == "idle-wait") return idle_wait_case();
   if (role == "sendfile-closed") return sendfile_closed_case();
   if (role == "closing-sink") return closing_sink_server();
+  if (role == "server-closes-first") return server_closes_first_case();
+  if (role == "answer-and-close-server") return answer_and_close_server(static_cast<int>(arg(2)));
+  if (role == "one-request-clients")
+    return one_request_clients(static_cast<int>(arg(2)), static_cast<int>(arg(3)));
   if (role == "exit-sink") return exit_sink_server(static_cast<std::uint64_t>(arg(2)));
   if (role == "exit-writer")
     return exit_writer(static_cast<int>(arg(2)), static_cast<std::uint64_t>(arg(3)), argc > 4 ? argv[4] : "return");
