@@ -37,7 +37,10 @@ std::chrono::milliseconds timeout_of(const void* value, socklen_t length) {
 
 // Scatter reads fill one buffer after another; only the first may block
 // (unless MSG_WAITALL), as for the kernel.
-ssize_t receive_vector(stream& s, const iovec* iov, int count, int flags) {
+// `rw`: readv()/writev() (else recvmsg()/sendmsg()): the kernel's bytes go
+// through the call the program made (sockets.h, receive).
+ssize_t receive_vector(stream& s, const iovec* iov, int count, int flags, bool rw = false) {
+  if (rw && flags == 0 && kernel_reads(s)) return ::readv(s.fd, iov, count);
   ssize_t total = 0;
   for (int i = 0; i < count; ++i) {
     if (iov[i].iov_len == 0) continue;
@@ -52,7 +55,8 @@ ssize_t receive_vector(stream& s, const iovec* iov, int count, int flags) {
 }
 
 // Gather writes go out as one transfer when small enough to copy cheaply.
-ssize_t transmit_vector(stream& s, const iovec* iov, int count, int flags) {
+ssize_t transmit_vector(stream& s, const iovec* iov, int count, int flags, bool rw = false) {
+  if (rw && flags == 0 && kernel_writes(s)) return ::writev(s.fd, iov, count);
   size_t total = 0;
   for (int i = 0; i < count; ++i) total += iov[i].iov_len;
   if (total <= 256 * 1024) {
@@ -404,11 +408,11 @@ int ioctl(int fd, unsigned long request, void* argument) {
 
 ssize_t read(int fd, void* buffer, size_t length) {
   stream_ptr s = managed(fd);
-  return s ? receive(*s, buffer, length, 0) : ::read(fd, buffer, length);
+  return s ? receive(*s, buffer, length, 0, /*rw=*/true) : ::read(fd, buffer, length);
 }
 ssize_t write(int fd, const void* buffer, size_t length) {
   stream_ptr s = managed(fd);
-  return s ? transmit(*s, buffer, length, 0) : ::write(fd, buffer, length);
+  return s ? transmit(*s, buffer, length, 0, /*rw=*/true) : ::write(fd, buffer, length);
 }
 ssize_t recv(int fd, void* buffer, size_t length, int flags) {
   stream_ptr s = managed(fd);
@@ -433,15 +437,15 @@ ssize_t sendto(int fd, const void* buffer, size_t length, int flags, const socka
 }
 ssize_t readv(int fd, const iovec* iov, int count) {
   stream_ptr s = managed(fd);
-  return s ? receive_vector(*s, iov, count, 0) : ::readv(fd, iov, count);
+  return s ? receive_vector(*s, iov, count, 0, /*rw=*/true) : ::readv(fd, iov, count);
 }
 ssize_t writev(int fd, const iovec* iov, int count) {
   stream_ptr s = managed(fd);
-  return s ? transmit_vector(*s, iov, count, 0) : ::writev(fd, iov, count);
+  return s ? transmit_vector(*s, iov, count, 0, /*rw=*/true) : ::writev(fd, iov, count);
 }
 ssize_t recvmsg(int fd, msghdr* message, int flags) {
   stream_ptr s = managed(fd);
-  if (!s) return ::recvmsg(fd, message, flags);
+  if (!s || kernel_reads(*s)) return ::recvmsg(fd, message, flags);
   message->msg_namelen = 0;
   message->msg_controllen = 0;
   message->msg_flags = 0;
@@ -449,7 +453,7 @@ ssize_t recvmsg(int fd, msghdr* message, int flags) {
 }
 ssize_t sendmsg(int fd, const msghdr* message, int flags) {
   stream_ptr s = managed(fd);
-  if (!s || message->msg_controllen) return ::sendmsg(fd, message, flags);
+  if (!s || message->msg_controllen || kernel_writes(*s)) return ::sendmsg(fd, message, flags);
   return transmit_vector(*s, message->msg_iov, static_cast<int>(message->msg_iovlen), flags);
 }
 

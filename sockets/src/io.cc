@@ -252,7 +252,28 @@ ssize_t receive_channel(stream& s, char* buffer, size_t length, int flags, bool 
 }
 }  // namespace
 
-ssize_t receive(stream& s, void* buffer, size_t length, int flags) {
+namespace {
+ssize_t kernel_read(int fd, void* buffer, size_t length, int flags, bool rw) {
+  return rw && flags == 0 ? ::read(fd, buffer, length) : ::recv(fd, buffer, length, flags);
+}
+ssize_t kernel_write(int fd, const void* buffer, size_t length, int flags, bool rw) {
+  return rw && flags == 0 ? ::write(fd, buffer, length) : ::send(fd, buffer, length, flags);
+}
+}  // namespace
+
+bool kernel_writes(const stream& s) {
+  phase p = s.state.load();
+  return p == phase::plain || p == phase::idle || p == phase::connecting ||
+         (p == phase::upgraded && s.out_reverted.load());
+}
+bool kernel_reads(const stream& s) {
+  if (s.stash && stash_size(s) > 0) return false;
+  phase p = s.state.load();
+  return p == phase::plain || p == phase::idle ||
+         (p == phase::upgraded && s.in_reverted.load());
+}
+
+ssize_t receive(stream& s, void* buffer, size_t length, int flags, bool rw) {
   busy_call busy;
   if (int e = s.pending_error.exchange(0)) return fail(e);
   if (s.orphan.load()) return fail(EIO);
@@ -281,7 +302,7 @@ ssize_t receive(stream& s, void* buffer, size_t length, int flags) {
       ::poll(&pfd, 1, static_cast<int>(std::min<long long>(left, 1000)));
     }
   }
-  if (p != phase::upgraded) return ::recv(s.fd, buffer, length, flags);
+  if (p != phase::upgraded) return kernel_read(s.fd, buffer, length, flags, rw);
 
   std::lock_guard lock(s.read_mutex);
   advance_upgrade(s);
@@ -298,8 +319,8 @@ ssize_t receive(stream& s, void* buffer, size_t length, int flags) {
       if (n == switched) continue;
     } else if (input_on_tcp(s)) {
       // The peer went back to TCP: the rest of its stream is ordinary bytes.
-      n = ::recv(s.fd, out + done, length - done,
-                 (flags & (MSG_PEEK | MSG_WAITALL)) | (block ? 0 : MSG_DONTWAIT));
+      n = kernel_read(s.fd, out + done, length - done,
+                      (flags & (MSG_PEEK | MSG_WAITALL)) | (block ? 0 : MSG_DONTWAIT), rw);
       if (n == 0 && !block) break;
     } else {
       n = receive_channel(s, out + done, length - done, flags, !block);
@@ -316,7 +337,7 @@ ssize_t receive(stream& s, void* buffer, size_t length, int flags) {
   return static_cast<ssize_t>(done);
 }
 
-ssize_t transmit(stream& s, const void* buffer, size_t length, int flags) {
+ssize_t transmit(stream& s, const void* buffer, size_t length, int flags, bool rw) {
   busy_call busy;
   if (int e = s.pending_error.exchange(0)) return fail(e);
   if (s.write_shut.load()) return broken_pipe(flags);
@@ -330,12 +351,12 @@ ssize_t transmit(stream& s, const void* buffer, size_t length, int flags) {
     p = s.state.load();
   }
   if (p == phase::plain || p == phase::idle || p == phase::connecting)
-    return ::send(s.fd, buffer, length, flags);
+    return kernel_write(s.fd, buffer, length, flags, rw);
   if (s.orphan.load()) return fail(EIO);
 
   std::lock_guard lock(s.write_mutex);
   answer_revert_locked(s);
-  if (s.out_reverted.load()) return ::send(s.fd, buffer, length, flags);
+  if (s.out_reverted.load()) return kernel_write(s.fd, buffer, length, flags, rw);
   if (peer_ready(s)) place_hello_locked(s);
   if (!s.out_switched.load()) {
     ssize_t n = ::send(s.fd, buffer, length, flags);

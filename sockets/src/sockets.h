@@ -221,8 +221,14 @@ void note_tcp_error(stream& s, int error);
 // True once every raw byte the peer sent before its switch has been read
 // (then marks the stream switched in).
 bool raw_prefix_done(stream& s);
-ssize_t receive(stream& s, void* buffer, size_t length, int flags);
-ssize_t transmit(stream& s, const void* buffer, size_t length, int flags);
+// `rw`: the program called read()/write() (not recv()/send()). Bytes the
+// kernel carries then go through that same system call: a seccomp filter
+// may allow write but not sendto (OpenSSH's pre-authentication sandbox).
+ssize_t receive(stream& s, void* buffer, size_t length, int flags, bool rw = false);
+ssize_t transmit(stream& s, const void* buffer, size_t length, int flags, bool rw = false);
+// Whether the kernel carries this stream's writes / reads as they are now.
+bool kernel_writes(const stream& s);
+bool kernel_reads(const stream& s);
 // What poll should report for `s`, given what the kernel reported for its
 // descriptor: kernel readiness before the switch, the channel's after it.
 short ready_events(stream& s, short wanted, short kernel_events);
