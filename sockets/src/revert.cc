@@ -72,6 +72,9 @@ void wake_sleepers(stream& s) {
 
 stream::~stream() {
   if (stash) ::munmap(stash, stash->mapped);
+  // Its context was torn down at exit (a program closing an epoll set in an
+  // atexit handler of its own, as apr's does in ab): nothing to detach from.
+  if (context_ended.load()) abandon(chan);
 }
 
 std::size_t stash_size(const stream& s) {

@@ -141,6 +141,8 @@ void abandon(std::unique_ptr<T>& owner) {
 }
 
 // --- table.cc: descriptors we manage, and the process's VMMC context.
+// Set once the context is gone at exit: channels destroyed later are let go.
+extern std::atomic<bool> context_ended;
 // Calls that may be using streams and their channels (receive, transmit,
 // poll, epoll_wait) hold one of these: the teardown at exit tears nothing
 // down while another thread is inside one (exit() from one thread while

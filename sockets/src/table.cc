@@ -191,8 +191,13 @@ void close_everything() {
     if (s && s->inherited.load()) abandon(s->chan);  // another process's channel
   all.clear();
   st.ctx.reset();
+  // Streams still held elsewhere (an epoll set the program closes in its own
+  // atexit handler, which runs after ours) must not reach the context now.
+  context_ended.store(true);
 }
 }  // namespace
+
+std::atomic<bool> context_ended{false};
 
 std::atomic<int> busy_calls{0};
 std::atomic<bool> exiting{false};

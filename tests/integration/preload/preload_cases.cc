@@ -831,6 +831,31 @@ int server_closes_first_case() {
   return serve_clients({"answer-and-close-server", rounds}, {"one-request-clients", rounds});
 }
 
+// ---- a program's own atexit handler closes an epoll set that still holds
+// an accelerated connection (apr does, in ab): it runs after the
+// interposer's, which has torn the context down by then. ab died with
+// SIGSEGV at exit (a channel detaching from the destroyed context).
+int atexit_epoll_fd = -1;
+void close_epoll_at_exit() { ::close(atexit_epoll_fd); }
+
+int atexit_epoll_client(int port) {
+  std::atexit(close_epoll_at_exit);  // before the interposer's own
+  int fd = connect_to(port);
+  echo_round(fd, small);
+  echo_round(fd, 100000);
+  expect_path(fd, true, "client");
+  atexit_epoll_fd = ::epoll_create1(EPOLL_CLOEXEC);
+  epoll_event ev{EPOLLIN, {}};
+  ev.data.fd = fd;
+  check(::epoll_ctl(atexit_epoll_fd, EPOLL_CTL_ADD, fd, &ev) == 0, "epoll_ctl");
+  ::close(fd);  // the epoll set keeps the connection's stream
+  std::exit(0);
+}
+
+int atexit_epoll_case() {
+  return serve_clients({"select-server", "1", "1"}, {"atexit-epoll-client"});
+}
+
 // ---- sendfile() into a peer that closed (issue 14 item 12: EIO under
 // vmmc): EPIPE or ECONNRESET, as kernel TCP gives. The sink reads 16 MiB
 // over VMMC, then closes with bytes unread.
@@ -1593,6 +1618,8 @@ int main(int argc, char** argv) {
   if (role == "sendfile-closed") return sendfile_closed_case();
   if (role == "closing-sink") return closing_sink_server();
   if (role == "server-closes-first") return server_closes_first_case();
+  if (role == "atexit-epoll") return atexit_epoll_case();
+  if (role == "atexit-epoll-client") return atexit_epoll_client(static_cast<int>(arg(2)));
   if (role == "answer-and-close-server") return answer_and_close_server(static_cast<int>(arg(2)));
   if (role == "one-request-clients")
     return one_request_clients(static_cast<int>(arg(2)), static_cast<int>(arg(3)));
