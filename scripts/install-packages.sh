@@ -10,6 +10,15 @@ done
 if ((${#missing[@]})); then
   echo "== installing: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
+  # Servers the tests run themselves (nginx, sshd, postgres) must not start
+  # as system services on install, listening on every interface: Debian's
+  # policy-rc.d says no to service starts while this runs.
+  policy=/usr/sbin/policy-rc.d
+  if [[ ! -e $policy ]]; then
+    printf '#!/bin/sh\nexit 101\n' >"$policy"
+    chmod 755 "$policy"
+    trap 'rm -f "$policy"' EXIT
+  fi
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
