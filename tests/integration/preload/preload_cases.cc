@@ -41,6 +41,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <string>
 #include <thread>
@@ -470,21 +471,25 @@ int select_case() {
 // parent closes its copy and accepts the next connection, which is
 // accelerated. The client writes its next bytes before the server forks, so
 // some are taken off the channel (the stash) and must come first.
-// Kills the calling process on any of the socket calls OpenSSH's
-// pre-authentication sandbox forbids (it allows read/write/readv/writev).
+// Installs a seccomp filter that kills the calling process on any of
+// `calls`, as privilege-separated servers do in their per-connection
+// children; false if it could not be installed.
+bool forbid_system_calls(std::initializer_list<unsigned> calls) {
+  std::vector<sock_filter> filter{BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr))};
+  for (unsigned nr : calls) {
+    filter.push_back(BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, nr, 0, 1));
+    filter.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS));
+  }
+  filter.push_back(BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW));
+  sock_fprog program{static_cast<unsigned short>(filter.size()), filter.data()};
+  return ::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 &&
+         ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) == 0;
+}
+
+// The socket calls OpenSSH's pre-authentication sandbox forbids (it allows
+// read/write/readv/writev).
 void forbid_socket_calls() {
-  sock_filter filter[] = {
-      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_sendto, 4, 0),
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_recvfrom, 3, 0),
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_sendmsg, 2, 0),
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_recvmsg, 1, 0),
-      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
-  };
-  sock_fprog program{static_cast<unsigned short>(std::size(filter)), filter};
-  check(::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 &&
-            ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) == 0,
+  check(forbid_system_calls({SYS_sendto, SYS_recvfrom, SYS_sendmsg, SYS_recvmsg}),
         "seccomp filter");
 }
 
@@ -1342,16 +1347,7 @@ void expect_sandboxed_exit(const char* when) {
   pid_t child = ::fork();
   check(child >= 0, "fork");
   if (child == 0) {
-    sock_filter filter[] = {
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_rt_sigaction, 0, 1),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-    };
-    sock_fprog program{static_cast<unsigned short>(std::size(filter)), filter};
-    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
-        ::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) != 0)
-      _exit(3);
+    if (!forbid_system_calls({SYS_rt_sigaction})) _exit(3);
     std::exit(0);  // atexit handlers and library destructors run
   }
   int status = 0;
