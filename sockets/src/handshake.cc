@@ -374,7 +374,7 @@ void place_hello_locked(stream& s, bool ring_now) {
   if (ring_now)
     ring_doorbell(s);
   else
-    s.switch_doorbell_owed.store(true);
+    s.switch_doorbell_owed = true;
   log(3, "fd %d: writes switched to %s after %llu TCP bytes", s.fd.load(), s.chan->path().c_str(),
       static_cast<unsigned long long>(s.tcp_out));
 }

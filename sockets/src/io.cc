@@ -368,7 +368,10 @@ ssize_t transmit(stream& s, const void* buffer, size_t length, int flags, bool r
 
   redirect::channel& ch = *s.chan;
   if (tcp_failed(s)) return write_after_tcp_failed(s, flags);
-  if (s.switch_doorbell_owed.exchange(false)) ring_doorbell(s);
+  if (s.switch_doorbell_owed) {
+    s.switch_doorbell_owed = false;
+    ring_doorbell(s);
+  }
   auto write_failed = [&](const std::error_code& e) {
     if (s.tcp_error.load() != 0) return write_after_tcp_failed(s, flags);
     if (e == errc::peer_gone || e == errc::closed) return broken_pipe(flags);

@@ -77,7 +77,8 @@ struct stream {
   std::atomic<bool> hello_pending{false};  // a reader found the peer ready; a writer places it
   // Our hello was placed from the read side: the doorbell telling a peer
   // asleep on TCP of the switch goes with our next write (handshake.cc).
-  std::atomic<bool> switch_doorbell_owed{false};
+  // Under write_mutex, like everything that places the hello.
+  bool switch_doorbell_owed = false;
   // Incoming: raw bytes read from TCP so far; the peer's N once known;
   // in_switched once all of them are read.
   std::atomic<std::uint64_t> tcp_in{0};
