@@ -230,6 +230,15 @@ status context::impl::unimport_buffer(import_handle handle) {
 void context::impl::handle_revoke(const peer_ptr& peer, const frame& f) {
   wire::revoke_body body{};
   if (!f.body_as(body)) return;
+  // Installing imports first, then the table: an import moves from the first
+  // to the second (import_buffer), and in this order one of the two scans
+  // sees it. The other order lets one slip between them, unrevoked.
+  {
+    // An import answered but not yet in the table fails when it gets there.
+    std::lock_guard lock(peer->reply_mutex);
+    for (const auto& [request_id, export_id] : peer->installing)
+      if (export_id == body.export_id) peer->overtaken.insert(request_id);
+  }
   bool owed = false;
   std::vector<import_ptr> revoked;
   {
@@ -246,12 +255,6 @@ void context::impl::handle_revoke(const peer_ptr& peer, const frame& f) {
       }
       revoked.push_back(imp);
     }
-  }
-  {
-    // An import answered but not yet in the table fails when it gets there.
-    std::lock_guard lock(peer->reply_mutex);
-    for (const auto& [request_id, export_id] : peer->installing)
-      if (export_id == body.export_id) peer->overtaken.insert(request_id);
   }
   if (owed) return;
   for (const import_ptr& imp : revoked) await_writes_landed(*imp);
