@@ -57,8 +57,8 @@ ssize_t switch_in(stream& s) {
 }
 
 // The incoming direction before the switch. Bytes past the peer's N are
-// doorbells: they are only ever sent after the N they follow is visible in
-// our area, so reading first and looking for N afterwards splits correctly.
+// records (doorbells, revert records): they are only ever sent after the N
+// they follow is visible in our area.
 ssize_t receive_raw(stream& s, char* buffer, size_t length, int flags, bool no_wait) {
   bool peek = flags & MSG_PEEK;
   if (learn_peer_raw(s)) {
@@ -66,18 +66,23 @@ ssize_t receive_raw(stream& s, char* buffer, size_t length, int flags, bool no_w
     if (remaining == 0) return switch_in(s);
     length = static_cast<size_t>(std::min<std::uint64_t>(length, remaining));
   }
-  int kernel_flags = (peek ? MSG_PEEK : 0) | (no_wait ? MSG_DONTWAIT : 0);
-  ssize_t n = ::recv(s.fd, buffer, length, kernel_flags);
+  // Peek, then look for the peer's hello, then consume: bytes seen before the
+  // hello showed are raw (the peer sends records only after placing it), and
+  // those past its count stay in the kernel for drain_doorbells. Consumed
+  // blindly, a revert request behind the raw bytes was taken for data and
+  // lost, and the peer's fork waited for an answer that never came.
+  ssize_t n = ::recv(s.fd, buffer, length, MSG_PEEK | (no_wait ? MSG_DONTWAIT : 0));
   if (n < 0) return -1;
   if (learn_peer_raw(s)) {
     std::uint64_t remaining = *s.peer_raw - s.tcp_in;
-    if (static_cast<std::uint64_t>(n) > remaining) {
-      if (!peek) s.doorbells_in.fetch_add(static_cast<std::uint64_t>(n) - remaining);
-      n = static_cast<ssize_t>(remaining);
-    }
-    if (n == 0 && remaining == 0) return switch_in(s);
+    if (remaining == 0) return switch_in(s);
+    n = static_cast<ssize_t>(std::min<std::uint64_t>(static_cast<std::uint64_t>(n), remaining));
   }
-  if (n > 0 && !peek) s.tcp_in += static_cast<std::uint64_t>(n);
+  if (n > 0 && !peek) {
+    n = ::recv(s.fd, buffer, static_cast<size_t>(n), MSG_DONTWAIT);  // what the peek showed
+    if (n < 0) return -1;
+    s.tcp_in += static_cast<std::uint64_t>(n);
+  }
   return n;
 }
 
@@ -444,7 +449,12 @@ short ready_events(stream& s, short wanted, short kernel_events) {
     if (!raw_prefix_done(s)) {
       out |= kernel_events & (POLLIN | POLLRDNORM);
     } else {
-      if (kernel_events & (POLLIN | POLLRDNORM)) drain_doorbells(s);
+      if (kernel_events & (POLLIN | POLLRDNORM)) {
+        // A revert request among the records is answered now: a server that
+        // only polls (svc_run) may not call again before the peer gives up.
+        drain_doorbells(s);
+        answer_revert(s);
+      }
       if (input_on_tcp(s)) {
         pollfd pfd{s.fd, POLLIN, 0};  // what the kernel said included our records
         if (::poll(&pfd, 1, 0) == 1) out |= wanted & (POLLIN | POLLRDNORM) & pfd.revents;

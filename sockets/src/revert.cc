@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -130,6 +131,9 @@ void answer_revert_locked(stream& s) {
   for (int i = 0; i < 8; ++i) record[1 + i] = static_cast<unsigned char>(total >> (8 * i));
   if (!send_all(s.fd, record, sizeof record, 0)) return;
   s.out_reverted.store(true);
+  // Our direction had ended in the channel (shutdown after the switch): the
+  // peer now reads TCP after our end record, so the end goes there too.
+  if (s.write_shut.load()) (void)::shutdown(s.fd, SHUT_WR);
   log(3, "fd %d: writes back on TCP after %llu channel bytes", s.fd.load(),
       static_cast<unsigned long long>(total));
 }
@@ -158,7 +162,56 @@ struct taking {
   std::unique_lock<std::timed_mutex> read_lock, write_lock;
   std::string taken;
   bool requested = false;
+  bool never_switched = false;  // both directions stay on TCP for good
 };
+
+// Neither direction switched, and neither ever will: nothing to take back.
+// The server switches only after the client's hello, and a client whose
+// writes ended on TCP never places one (place_hello_locked); the server
+// knows that when the client's end of file came with no hello before it
+// (the hello is placed before the end is sent). socat's fork right after
+// accept, with a client that had written all and shut down, met this.
+bool stays_on_tcp(stream& s) {
+  if (s.out_switched.load()) return false;
+  if (s.is_client) return s.write_shut.load();
+  if (s.chan->peer_hello()) return false;
+  pollfd pfd{s.fd, POLLRDHUP, 0};
+  if (::poll(&pfd, 1, 0) != 1 || !(pfd.revents & (POLLRDHUP | POLLHUP | POLLERR))) return false;
+  return !s.chan->peer_hello();
+}
+
+// A server waiting for the client's hello reads the client's TCP bytes
+// meanwhile: a client blocked writing them would otherwise never get to its
+// end of file (stays_on_tcp) nor, perhaps, to its hello. Bytes read before the
+// hello showed are raw (the client rings doorbells only after placing it);
+// if it showed meanwhile, what went past its count is records, parsed here.
+bool take_before_hello(taking& t, std::vector<char>& buffer) {
+  stream& s = *t.s;
+  constexpr std::size_t most = 64u << 20;  // then the peer waits for the child
+  if (s.is_client || s.out_switched.load() || s.peer_hello_seen.load() || s.chan->peer_hello() ||
+      t.taken.size() >= most)
+    return false;
+  ssize_t n = ::recv(s.fd, buffer.data(), buffer.size(), MSG_DONTWAIT);
+  if (n <= 0) return false;
+  t.taken.append(buffer.data(), static_cast<std::size_t>(n));
+  s.tcp_in += static_cast<std::uint64_t>(n);
+  if (!learn_peer_raw(s) || s.tcp_in.load() <= *s.peer_raw) return true;
+  const std::uint64_t past = s.tcp_in.load() - *s.peer_raw;
+  const auto records = std::span(reinterpret_cast<const unsigned char*>(t.taken.data()) +
+                                     (t.taken.size() - past),
+                                 past);
+  const record_scan scan = scan_records(records);
+  if (scan.take < past) {
+    // An end record cut short: this connection cannot be taken back.
+    s.pending_error.store(EPROTO);
+    log(1, "fd %d: a record was split while the connection went back to TCP", s.fd.load());
+  }
+  if (scan.revert_asked) s.revert_asked.store(true);
+  if (scan.end) s.peer_channel_end.store(*scan.end);
+  t.taken.resize(t.taken.size() - past);
+  s.tcp_in.store(*s.peer_raw);
+  return true;
+}
 
 // Moves what the peer sent towards the stash; true if something moved.
 bool step(taking& t) {
@@ -168,7 +221,11 @@ bool step(taking& t) {
     // Our writes must reach the channel first: only then does the peer
     // parse our records.
     if (!s.out_switched.load() && peer_ready(s)) place_hello_locked(s);
-    if (!s.out_switched.load()) return false;
+    if (!s.out_switched.load()) {
+      bool moved = take_before_hello(t, buffer);
+      t.never_switched = stays_on_tcp(s);
+      return moved;
+    }
     unsigned char request = wire::revert_request_byte;
     t.requested = s.out_reverted.load() || send_all(s.fd, &request, 1, 0);
     return t.requested;
@@ -247,8 +304,15 @@ void revert_all(bool only_inheritable) {
     for (std::size_t i = 0; i < pending.size(); ++i) {
       taking& t = pending[i];
       moved |= step(t);
-      if (!t.requested || !input_on_tcp(*t.s)) continue;
       stream& s = *t.s;
+      if (t.never_switched) {
+        keep_taken(t);
+        s.state.store(phase::plain);
+        log(3, "fd %d: neither direction switched; plain TCP", s.fd.load());
+        pending.erase(pending.begin() + static_cast<long>(i--));
+        continue;
+      }
+      if (!t.requested || !input_on_tcp(s)) continue;
       s.revert_asked.store(true);
       answer_revert_locked(s);
       if (!s.out_reverted.load()) continue;

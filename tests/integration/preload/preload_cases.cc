@@ -558,6 +558,67 @@ int sandboxed_child_case() {
   return serve_clients({"sandboxed-fork-server"}, {"fork-client"}, 2, true);
 }
 
+// ---- fork right at accept, as socat's `fork` and inetd-style servers do:
+// nothing has switched yet, and the client is wherever its bytes took it:
+// written all and shut down (small), or blocked writing more than the
+// socket buffers hold (large). The child echoes; every client gets its
+// bytes back, and no fork waits out the 2 s patience for a peer that cannot
+// answer (socat: the child read EIO and the clients got nothing back).
+constexpr std::uint64_t at_accept_sizes[] = {1 << 10, 64 << 10, 4 << 20, 16 << 20};
+
+int fork_at_accept_server() {
+  int port;
+  int lfd = listen_on(port);
+  tell_port(port);
+  std::vector<pid_t> children;
+  for (std::size_t i = 0; i < std::size(at_accept_sizes); ++i) {
+    int c = ::accept(lfd, nullptr, nullptr);
+    check(c >= 0, "accept");
+    auto before = std::chrono::steady_clock::now();
+    pid_t child = ::fork();
+    check(child >= 0, "fork");
+    if (child == 0) {
+      ::close(lfd);
+      echo(c, c);
+      ::close(c);
+      std::exit(0);
+    }
+    auto took = std::chrono::steady_clock::now() - before;
+    check(took < std::chrono::milliseconds(1000), "fork waited for a peer that cannot answer");
+    ::close(c);
+    children.push_back(child);
+  }
+  for (pid_t p : children) reap(p, "forked echo child");
+  return 0;
+}
+
+// Sends `bytes` (from a thread), then half-closes; reads the echo and its end.
+int fork_at_accept_client(int port, std::uint64_t bytes) {
+  int fd = connect_to(port);
+  std::thread writer([&] {
+    send_pattern(fd, 0, bytes);
+    ::shutdown(fd, SHUT_WR);
+  });
+  receive_pattern(fd, 0, bytes);
+  char c;
+  check(::read(fd, &c, 1) == 0, "end of stream after the echo");
+  writer.join();
+  ::close(fd);
+  return 0;
+}
+
+int fork_at_accept_case() {
+  int port;
+  pid_t server = spawn_server({"fork-at-accept-server"}, port);
+  std::vector<pid_t> clients;
+  for (std::uint64_t bytes : at_accept_sizes)
+    clients.push_back(
+        spawn({"fork-at-accept-client", std::to_string(port), std::to_string(bytes)}));
+  for (pid_t c : clients) reap(c, "fork-at-accept client");
+  reap(server, "fork-at-accept server");
+  return 0;
+}
+
 // ---- fork while the peer does not run (asleep, no call on the socket):
 // after its 2 s of patience the fork goes on; the child cannot use the
 // connection (EIO), the parent keeps it, and once the peer runs again (and
@@ -1595,6 +1656,10 @@ int main(int argc, char** argv) {
   if (role == "epoll") return epoll_case();
   if (role == "select") return select_case();
   if (role == "fork-after-accept") return fork_after_accept_case();
+  if (role == "fork-at-accept") return fork_at_accept_case();
+  if (role == "fork-at-accept-server") return fork_at_accept_server();
+  if (role == "fork-at-accept-client")
+    return fork_at_accept_client(static_cast<int>(arg(2)), static_cast<std::uint64_t>(arg(3)));
   if (role == "fork-before-accept") return prefork_case();
   if (role == "exec") return exec_case(false);
   if (role == "inetd") return exec_case(true);
