@@ -343,6 +343,9 @@ class fabric_endpoint final : public registrar {
 
   // registrar (for the UTLB)
   result<registration> register_memory(const void* address, std::size_t length) override;
+  // Under mutex_ (but at open): a registration with an unguessable key.
+  result<struct fid_mr*> register_region(const void* base, std::size_t length,
+                                         std::uint64_t access);
   void deregister_memory(const registration& r) override;
 
  private:
@@ -382,7 +385,6 @@ class fabric_endpoint final : public registrar {
   // shm's large writes are pulled by the target (CMA or its SAR buffers):
   // their completion waits for the target process to progress.
   bool completion_needs_peer_ = false;
-  std::atomic<std::uint64_t> next_key_{1};
   std::atomic<bool> in_use_{false};
   std::size_t inject_size_ = 0;
   std::size_t inline_max_ = 0;

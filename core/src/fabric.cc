@@ -3,6 +3,7 @@
 // copied (inline) transfers. Nothing is ever received as a message: data and
 // notification records arrive by RMA; records carry remote CQ data.
 #include <poll.h>
+#include <sys/random.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
@@ -36,6 +37,11 @@ std::error_code fabric_error_code(ssize_t rc) {
   if (rc == -FI_EACCES || rc == -FI_EKEYREJECTED) return errc::permission_denied;
   return errc::fabric_error;
 }
+// Our own buffers as sources of writes and targets of reads: no remote
+// access, and no FI_SEND/FI_RECV, to which rxm adds remote access for its
+// rendezvous (issue 13: the bounce slots were readable by anyone).
+constexpr std::uint64_t local_access = FI_READ | FI_WRITE;
+
 // Inside fi_cq_read (and rxm's fi_trywait) the provider lands peers' RMA
 // writes in our memory (payload, then the ring index after it: FI_ORDER_WAW),
 // which another thread polls. That ordering is the provider's and invisible to
@@ -142,10 +148,9 @@ result<std::unique_ptr<fabric_endpoint>> fabric_endpoint::open(const std::string
   // hold copied sends, notification records and small fetches.
   e->slot_size_ = std::max(inline_max, wire::ring_slot_size);
   e->bounce_pool_.resize(e->slot_size_ * bounce_slots);
-  const std::uint64_t key = e->next_key_++;
-  if (fi_mr_reg(e->domain_, e->bounce_pool_.data(), e->bounce_pool_.size(),
-                FI_SEND | FI_WRITE | FI_READ, 0, key, 0, &e->bounce_mr_, nullptr) != 0)
-    return errc::fabric_error;
+  auto bounce = e->register_region(e->bounce_pool_.data(), e->bounce_pool_.size(), local_access);
+  if (!bounce) return bounce.error();
+  e->bounce_mr_ = *bounce;
   for (int i = bounce_slots - 1; i >= 0; --i) e->free_bounce_.push_back(i);
 
   // The process-wide monitor (userfaultfd) drops entries whose memory is
@@ -182,6 +187,23 @@ void fabric_endpoint::remove_peer(fi_addr_t address) {
   fi_av_remove(av_, &address, 1, 0);
 }
 
+// Every registration gets a random 64-bit key where the provider takes ours
+// (mr_mode without FI_MR_PROV_KEY, as tcp and shm here): a peer that can
+// reach our endpoint, importer or not, cannot guess one. Counting keys from
+// 1 let a plain libfabric program read and write any export at offset 0.
+result<fid_mr*> fabric_endpoint::register_region(const void* base, std::size_t length,
+                                                 std::uint64_t access) {
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    std::uint64_t key = 0;
+    if (!prov_key_ && ::getrandom(&key, sizeof key, 0) != sizeof key) return errc::fabric_error;
+    fid_mr* mr = nullptr;
+    int rc = fi_mr_reg(domain_, base, length, access, 0, key, 0, &mr, nullptr);
+    if (rc == 0) return mr;
+    if (rc != -FI_ENOKEY || prov_key_) break;  // else that key is taken: draw again
+  }
+  return errc::fabric_error;
+}
+
 result<fabric_mr> fabric_endpoint::register_export(void* base, std::size_t length,
                                                    rights allowed) {
   std::uint64_t access = 0;
@@ -190,10 +212,10 @@ result<fabric_mr> fabric_endpoint::register_export(void* base, std::size_t lengt
   fabric_mr m;
   m.endpoint = this;
   fabric_lock lock(mutex_);
-  std::uint64_t key = next_key_++;
-  if (fi_mr_reg(domain_, base, length, access, 0, key, 0, &m.mr, nullptr) != 0)
-    return errc::fabric_error;
-  m.key = prov_key_ ? fi_mr_key(m.mr) : key;
+  auto mr = register_region(base, length, access);
+  if (!mr) return mr.error();
+  m.mr = *mr;
+  m.key = fi_mr_key(m.mr);
   m.remote_address = virt_addr_ ? reinterpret_cast<std::uint64_t>(base) : 0;
   return m;
 }
@@ -205,12 +227,10 @@ void fabric_endpoint::deregister_export(fabric_mr& m) {
 }
 
 result<registration> fabric_endpoint::register_memory(const void* address, std::size_t length) {
-  fid_mr* mr = nullptr;
   fabric_lock lock(mutex_);
-  if (fi_mr_reg(domain_, address, length, FI_SEND | FI_RECV | FI_READ | FI_WRITE, 0, next_key_++,
-                0, &mr, nullptr) != 0)
-    return errc::resource_exhausted;
-  return registration{fi_mr_desc(mr), reinterpret_cast<std::uint64_t>(mr)};
+  auto mr = register_region(address, length, local_access);
+  if (!mr) return errc::resource_exhausted;
+  return registration{fi_mr_desc(*mr), reinterpret_cast<std::uint64_t>(*mr)};
 }
 
 void fabric_endpoint::deregister_memory(const registration& r) {
