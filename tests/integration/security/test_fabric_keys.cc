@@ -1,4 +1,4 @@
-// integration.core.protection: what a hostile peer holding nothing but plain
+// integration.security.fabric_keys: what a hostile peer holding nothing but plain
 // libfabric (no vmmc code) reaches in an exporter over the fabric (issue 13).
 // It learns the exporter's fabric address from the printable context address
 // (public by design: peers exchange it in-band) and tries RMA reads and
@@ -247,7 +247,7 @@ TEST_P(Protection, RawPeersReadEachOtherWithTheRightKey) {
 // Over tcp, the cross-host provider (and the same-host one with the mapped
 // path off); the mapped path hands out no keys.
 const transport fabric_transports[] = {transports[2]};
-INSTANTIATE_TEST_SUITE_P(Core, Protection, testing::ValuesIn(fabric_transports), transport_name);
+INSTANTIATE_TEST_SUITE_P(Security, Protection, testing::ValuesIn(fabric_transports), transport_name);
 
 }  // namespace
 }  // namespace vmmc::test
