@@ -93,6 +93,19 @@ void become_plain(stream& s, const char* why) {
   log(3, "fd %d: plain TCP (%s)", s.fd.load(), why);
 }
 
+// The peer broke the upgrade protocol: nothing more it sent can be told
+// from our bytes, so none of it reaches the application. The next call
+// reports EPROTO, then reads see the end and writes EPIPE, as after a reset.
+// (Gone plain, the stream would hand the rest of a bad hello over as data.)
+void fail_connection(stream& s, const char* why) {
+  s.pending_error.store(EPROTO);
+  s.read_shut.store(true);
+  s.write_shut.store(true);
+  (void)::shutdown(s.fd, SHUT_RDWR);
+  s.state.store(phase::upgraded);  // without a channel: kept out of the kernel fast path
+  log(1, "fd %d: connection failed (%s)", s.fd.load(), why);
+}
+
 // The IP address of a socket address, IPv4-mapped IPv6 as IPv4.
 std::string ip_of(const sockaddr* a) {
   if (a->sa_family == AF_INET) {
@@ -178,8 +191,7 @@ void take_accept(stream& s) {
   if (!read_hello_frame(s.fd, descriptor)) {
     // The peer sent an accept byte but no valid hello: it is not us after all,
     // and the bytes it sent cannot be given back. Fail the connection.
-    s.pending_error.store(EPROTO);
-    return become_plain(s, "malformed hello");
+    return fail_connection(s, "malformed hello after the accept byte");
   }
   core::context* ctx = context_for(s);
   std::optional<redirect::channel> chan;

@@ -308,6 +308,9 @@ ssize_t receive(stream& s, void* buffer, size_t length, int flags, bool rw) {
     }
   }
   if (p != phase::upgraded) return kernel_read(s.fd, buffer, length, flags, rw);
+  // The decision above may have failed the connection (fail_connection).
+  if (int e = s.pending_error.exchange(0)) return fail(e);
+  if (s.read_shut.load()) return 0;
 
   std::lock_guard lock(s.read_mutex);
   advance_upgrade(s);
@@ -358,6 +361,9 @@ ssize_t transmit(stream& s, const void* buffer, size_t length, int flags, bool r
   if (p == phase::plain || p == phase::idle || p == phase::connecting)
     return kernel_write(s.fd, buffer, length, flags, rw);
   if (s.orphan.load()) return fail(EIO);
+  // The decision above may have failed the connection (fail_connection).
+  if (int e = s.pending_error.exchange(0)) return fail(e);
+  if (s.write_shut.load()) return broken_pipe(flags);
 
   std::lock_guard lock(s.write_mutex);
   answer_revert_locked(s);

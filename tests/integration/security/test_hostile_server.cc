@@ -1,0 +1,100 @@
+// integration.security.hostile_server: a server that speaks just enough of
+// the upgrade protocol to be taken for a vmmc peer, written with raw kernel
+// sockets (issue 13, item 8). The victim is a client on the vmmc sockets API.
+// A bad hello after the accept byte must fail the connection, never turn
+// into application data (before: its 101 bytes were read as data).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "vmmc/sockets/socket.h"
+
+namespace vmmc::test {
+namespace {
+
+namespace vs = vmmc::sockets;
+
+// The sockets layer's urgent accept byte (sockets/src/wire.h): public
+// protocol, as an attacker would read it.
+constexpr unsigned char accept_byte = 0xD7;
+
+int listen_loopback(int& port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof a;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::listen(fd, 4) != 0 || ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &length) != 0)
+    return -1;
+  port = ntohs(a.sin_port);
+  return fd;
+}
+
+// Answers the client's offer with the accept byte and then `hello` (not a
+// valid hello frame); reads until the client goes away.
+void hostile_server(int listener, std::string hello) {
+  int c = ::accept(listener, nullptr, nullptr);
+  if (c < 0) return;
+  pollfd p{c, POLLPRI, 0};
+  (void)::poll(&p, 1, 2000);  // the client's offer
+  unsigned char offer = 0;
+  (void)::recv(c, &offer, 1, MSG_OOB | MSG_DONTWAIT);
+  (void)::send(c, &accept_byte, 1, MSG_OOB | MSG_NOSIGNAL);
+  (void)::send(c, hello.data(), hello.size(), MSG_NOSIGNAL);
+  char scratch[256];
+  p = {c, POLLIN, 0};
+  while (::poll(&p, 1, 3000) == 1 && ::recv(c, scratch, sizeof scratch, 0) > 0) {
+  }
+  ::close(c);
+}
+
+TEST(HostileServer, ABadHelloFailsTheConnectionAndIsNeverData) {
+  int port = 0;
+  int listener = listen_loopback(port);
+  ASSERT_GE(listener, 0) << std::strerror(errno);
+  // A frame with a bad magic, then 101 bytes an application must never see.
+  std::string hello(8, '\x55');
+  hello += std::string(101, 'X');
+  std::thread server(hostile_server, listener, hello);
+
+  int fd = vs::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(vs::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << std::strerror(errno);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the answer is there
+
+  char buffer[512];
+  std::size_t delivered = 0;
+  int first_error = 0;
+  for (int i = 0; i < 8; ++i) {
+    errno = 0;
+    ssize_t n = vs::read(fd, buffer, sizeof buffer);
+    if (n > 0) delivered += static_cast<std::size_t>(n);
+    if (n < 0 && !first_error) first_error = errno;
+    if (n == 0) break;
+  }
+  EXPECT_EQ(delivered, 0u) << "bytes of the bad hello were read as data";
+  EXPECT_EQ(first_error, EPROTO) << std::strerror(first_error);
+  errno = 0;
+  EXPECT_EQ(vs::send(fd, "y", 1, MSG_NOSIGNAL), -1);
+  EXPECT_EQ(errno, EPIPE) << std::strerror(errno);
+  vs::close(fd);
+  server.join();
+  ::close(listener);
+}
+
+}  // namespace
+}  // namespace vmmc::test
