@@ -132,6 +132,7 @@ void context::impl::link_died(const link_ptr& link) {
     std::lock_guard lock(links_mutex);
     // What the importer published before it went is delivered, not dropped.
     if (notify_ring* ring = link->ring()) (void)drain_ring(*ring, unread);
+    keep_granted(*link, unread, 0);
     std::erase(links, link);
     links_by_id.erase(link->id);
   }

@@ -495,6 +495,11 @@ struct importer_link {
   std::atomic<bool> alive{true};
   std::shared_ptr<segment> ring_segment;  // mapped path notifications from it
   std::map<std::uint32_t, int> imported;  // export id -> import count (links_mutex)
+  // Exports this importer was ever granted (links_mutex; an id leaves with
+  // its export): only their records are taken from its rings. Not only the
+  // live imports: records published before a release may be read after it.
+  std::set<std::uint32_t> granted;
+  bool may_notify(std::uint32_t export_id) const { return granted.count(export_id) > 0; }
   // fabric path: the ring this importer writes records into
   std::uint32_t id = 0;
   std::shared_ptr<segment> fabric_ring_segment;
@@ -508,6 +513,10 @@ struct importer_link {
     return ring_segment ? reinterpret_cast<notify_ring*>(ring_segment->base) : nullptr;
   }
 };
+
+// Drops the records from batch[from] on that `link` was never granted
+// (notify.cc). Under links_mutex.
+void keep_granted(const importer_link& link, std::vector<notification>& batch, std::size_t from);
 
 }  // namespace vmmc::core::detail
 

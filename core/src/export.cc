@@ -103,6 +103,7 @@ status context::impl::unexport_buffer(export_handle handle) {
       revokes_pending.erase({link.get(), e->id});
       link->imported.erase(e->id);
     }
+    for (const link_ptr& link : links) link->granted.erase(e->id);
   }
   for (fabric_mr& m : e->mrs) m.endpoint->deregister_export(m);
   return {};
@@ -178,6 +179,7 @@ void context::impl::handle_import_request(const link_ptr& link, const frame& f) 
   std::lock_guard lock(links_mutex);
   if (!e->live) return answer(errc::unknown_export);
   ++link->imported[e->id];
+  link->granted.insert(e->id);
   answer(errc::ok);
 }
 

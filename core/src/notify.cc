@@ -12,6 +12,16 @@ using namespace detail;
 
 // A record landed in the ring of link (immediate >> 40), with endpoint lock
 // held. Records of one link arrive in order; anything else is a lying peer.
+void detail::keep_granted(const importer_link& link, std::vector<notification>& batch, std::size_t from) {
+  auto first = batch.begin() + static_cast<std::ptrdiff_t>(from);
+  auto kept = std::remove_if(first, batch.end(),
+                             [&](const notification& n) { return !link.may_notify(n.export_id); });
+  if (kept != batch.end())
+    VMMC_WARN("dropped %zu records for exports their importer was never granted",
+              static_cast<std::size_t>(batch.end() - kept));
+  batch.erase(kept, batch.end());
+}
+
 void context::impl::on_remote_record(std::uint64_t immediate) {
   const std::uint32_t link_id = wire::immediate_link(immediate);
   link_ptr link;
@@ -35,6 +45,15 @@ void context::impl::on_remote_record(std::uint64_t immediate) {
   ++link->next_record;
   std::atomic_ref<std::uint64_t>(ring->head).store(link->next_record, std::memory_order_release);
   if (h.magic != wire::record_magic) return;
+  {
+    std::lock_guard lock(links_mutex);
+    if (!link->may_notify(h.export_id)) {
+      // A link's records name only exports it was granted (issue 13: one that
+      // imported nothing ran another export's handler and wrote into it).
+      VMMC_WARN("dropped a record for export %u its importer was never granted", h.export_id);
+      return;
+    }
+  }
   apply_record(h, slot + sizeof h, wire::ring_inline_max);
 }
 
@@ -88,9 +107,12 @@ std::size_t context::impl::poll_notifications() {
   std::vector<notification> batch;
   {
     std::lock_guard lock(links_mutex);
-    for (const link_ptr& link : links)
+    for (const link_ptr& link : links) {
+      const std::size_t from = batch.size();
       if (notify_ring* ring = link->ring(); ring && !drain_ring(*ring, batch))
         link->alive = false;  // stop reading a corrupt producer
+      keep_granted(*link, batch, from);
+    }
   }
   if (batch.empty())
     for (auto& e : endpoints())
