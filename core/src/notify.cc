@@ -10,9 +10,8 @@ namespace vmmc::core {
 
 using namespace detail;
 
-// A record landed in the ring of link (immediate >> 40), with endpoint lock
-// held. Records of one link arrive in order; anything else is a lying peer.
-void detail::keep_granted(const importer_link& link, std::vector<notification>& batch, std::size_t from) {
+void detail::keep_granted(const importer_link& link, std::vector<notification>& batch,
+                          std::size_t from) {
   auto first = batch.begin() + static_cast<std::ptrdiff_t>(from);
   auto kept = std::remove_if(first, batch.end(),
                              [&](const notification& n) { return !link.may_notify(n.export_id); });
@@ -22,6 +21,8 @@ void detail::keep_granted(const importer_link& link, std::vector<notification>& 
   batch.erase(kept, batch.end());
 }
 
+// A record landed in the ring of link (immediate >> 40), with endpoint lock
+// held. Records of one link arrive in order; anything else is a lying peer.
 void context::impl::on_remote_record(std::uint64_t immediate) {
   const std::uint32_t link_id = wire::immediate_link(immediate);
   link_ptr link;

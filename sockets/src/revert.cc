@@ -197,9 +197,8 @@ bool take_before_hello(taking& t, std::vector<char>& buffer) {
   s.tcp_in += static_cast<std::uint64_t>(n);
   if (!learn_peer_raw(s) || s.tcp_in.load() <= *s.peer_raw) return true;
   const std::uint64_t past = s.tcp_in.load() - *s.peer_raw;
-  const auto records = std::span(reinterpret_cast<const unsigned char*>(t.taken.data()) +
-                                     (t.taken.size() - past),
-                                 past);
+  const auto records = std::span(
+      reinterpret_cast<const unsigned char*>(t.taken.data()) + (t.taken.size() - past), past);
   const record_scan scan = scan_records(records);
   if (scan.take < past) {
     // An end record cut short: this connection cannot be taken back.

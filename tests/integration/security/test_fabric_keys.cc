@@ -17,13 +17,13 @@
 
 #include <atomic>
 #include <chrono>
-#include <thread>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "integration/core/transports.h"
@@ -56,12 +56,11 @@ class raw_peer {
     hints->ep_attr->type = FI_EP_RDM;
     hints->caps = FI_MSG | FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ;
     hints->mode = FI_CONTEXT | FI_CONTEXT2;
-    hints->domain_attr->mr_mode =
-        FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
+    hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
     hints->fabric_attr->prov_name = ::strdup(provider.c_str());
     const bool ip = provider != "shm";
-    int rc = fi_getinfo(FI_VERSION(1, 17), ip ? "127.0.0.1" : nullptr, nullptr,
-                        ip ? FI_SOURCE : 0, hints, &info_);
+    int rc = fi_getinfo(FI_VERSION(1, 17), ip ? "127.0.0.1" : nullptr, nullptr, ip ? FI_SOURCE : 0,
+                        hints, &info_);
     fi_freeinfo(hints);
     if (rc != 0) return;
     fi_cq_attr cq_attr{};
@@ -75,8 +74,8 @@ class raw_peer {
           fi_endpoint(domain_, info_, &ep_, nullptr) == 0 &&
           fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV) == 0 &&
           fi_ep_bind(ep_, &av_->fid, 0) == 0 && fi_enable(ep_) == 0 &&
-          fi_mr_reg(domain_, buffer_, sizeof buffer_, FI_READ | FI_WRITE | FI_REMOTE_READ, 0, 0x5eed, 0, &mr_,
-                    nullptr) == 0;
+          fi_mr_reg(domain_, buffer_, sizeof buffer_, FI_READ | FI_WRITE | FI_REMOTE_READ, 0,
+                    0x5eed, 0, &mr_, nullptr) == 0;
   }
   ~raw_peer() {
     if (ep_) fi_close(&ep_->fid);
@@ -97,7 +96,8 @@ class raw_peer {
   // One RMA at offset 0 under `key`; true if the provider completed it.
   bool read(fi_addr_t peer, std::uint64_t key, std::size_t length) {
     std::memset(buffer_, 0, length);
-    return run([&] { return fi_read(ep_, buffer_, length, fi_mr_desc(mr_), peer, 0, key, &context_); });
+    return run(
+        [&] { return fi_read(ep_, buffer_, length, fi_mr_desc(mr_), peer, 0, key, &context_); });
   }
   bool write(fi_addr_t peer, std::uint64_t key, std::size_t length) {
     std::memset(buffer_, 0xEE, length);
@@ -247,7 +247,8 @@ TEST_P(Protection, RawPeersReadEachOtherWithTheRightKey) {
 // Over tcp, the cross-host provider (and the same-host one with the mapped
 // path off); the mapped path hands out no keys.
 const transport fabric_transports[] = {transports[2]};
-INSTANTIATE_TEST_SUITE_P(Security, Protection, testing::ValuesIn(fabric_transports), transport_name);
+INSTANTIATE_TEST_SUITE_P(Security, Protection, testing::ValuesIn(fabric_transports),
+                         transport_name);
 
 }  // namespace
 }  // namespace vmmc::test

@@ -107,8 +107,8 @@ TEST(ForgedRecords, AnImporterOfNothingCannotRunAnotherExportsHandler) {
     notify_record r{id, 0, 0, 8, 0xBAD};
     std::memcpy(static_cast<char*>(ring) + ring_records_offset + (id - 1) * sizeof r, &r, sizeof r);
   }
-  std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(
-                                     static_cast<char*>(ring) + ring_tail_offset))
+  std::atomic_ref<std::uint64_t>(
+      *reinterpret_cast<std::uint64_t*>(static_cast<char*>(ring) + ring_tail_offset))
       .store(4, std::memory_order_release);
   std::uint64_t one = 1;
   (void)::write(fds[1], &one, sizeof one);
