@@ -56,34 +56,10 @@ ssize_t switch_in(stream& s) {
   return switched;
 }
 
-// The incoming direction before the switch. Bytes past the peer's N are
-// records (doorbells, revert records): they are only ever sent after the N
-// they follow is visible in our area.
 ssize_t receive_raw(stream& s, char* buffer, size_t length, int flags, bool no_wait) {
-  bool peek = flags & MSG_PEEK;
-  if (learn_peer_raw(s)) {
-    std::uint64_t remaining = *s.peer_raw - s.tcp_in;
-    if (remaining == 0) return switch_in(s);
-    length = static_cast<size_t>(std::min<std::uint64_t>(length, remaining));
-  }
-  // Peek, then look for the peer's hello, then consume: bytes seen before the
-  // hello showed are raw (the peer sends records only after placing it), and
-  // those past its count stay in the kernel for drain_doorbells. Consumed
-  // blindly, a revert request behind the raw bytes was taken for data and
-  // lost, and the peer's fork waited for an answer that never came.
-  ssize_t n = ::recv(s.fd, buffer, length, MSG_PEEK | (no_wait ? MSG_DONTWAIT : 0));
-  if (n < 0) return -1;
-  if (learn_peer_raw(s)) {
-    std::uint64_t remaining = *s.peer_raw - s.tcp_in;
-    if (remaining == 0) return switch_in(s);
-    n = static_cast<ssize_t>(std::min<std::uint64_t>(static_cast<std::uint64_t>(n), remaining));
-  }
-  if (n > 0 && !peek) {
-    n = ::recv(s.fd, buffer, static_cast<size_t>(n), MSG_DONTWAIT);  // what the peek showed
-    if (n < 0) return -1;
-    s.tcp_in += static_cast<std::uint64_t>(n);
-  }
-  return n;
+  bool at_switch = false;
+  ssize_t n = take_raw(s, buffer, length, flags & MSG_PEEK, no_wait, at_switch);
+  return at_switch ? switch_in(s) : n;
 }
 
 // A busy upgraded stream never sleeps on its TCP descriptor, where
@@ -420,6 +396,35 @@ bool raw_prefix_done(stream& s) {
   // A concurrent reader finds no raw byte left either: safe without its lock.
   if (learn_peer_raw(s) && s.tcp_in.load() == *s.peer_raw) s.in_switched.store(true);
   return s.in_switched.load();
+}
+
+// Bytes past the peer's N are records (doorbells, revert records): they are
+// only ever sent after the N they follow is visible in our area. So: peek,
+// then look for the peer's hello, then consume. Bytes seen before the hello
+// showed are raw, and those past its count stay in the kernel for
+// drain_doorbells. (Consumed blindly, a revert request behind raw bytes was
+// taken for data and lost, and the peer's fork waited for an answer.)
+ssize_t take_raw(stream& s, char* buffer, size_t length, bool peek, bool no_wait,
+                 bool& at_switch) {
+  at_switch = false;
+  if (learn_peer_raw(s)) {
+    std::uint64_t remaining = *s.peer_raw - s.tcp_in;
+    if ((at_switch = remaining == 0)) return 0;
+    length = static_cast<size_t>(std::min<std::uint64_t>(length, remaining));
+  }
+  ssize_t n = ::recv(s.fd, buffer, length, MSG_PEEK | (no_wait ? MSG_DONTWAIT : 0));
+  if (n < 0) return -1;
+  if (learn_peer_raw(s)) {
+    std::uint64_t remaining = *s.peer_raw - s.tcp_in;
+    if ((at_switch = remaining == 0)) return 0;
+    n = static_cast<ssize_t>(std::min<std::uint64_t>(static_cast<std::uint64_t>(n), remaining));
+  }
+  if (n > 0 && !peek) {
+    n = ::recv(s.fd, buffer, static_cast<size_t>(n), MSG_DONTWAIT);  // what the peek showed
+    if (n < 0) return -1;
+    s.tcp_in += static_cast<std::uint64_t>(n);
+  }
+  return n;
 }
 
 short ready_events(stream& s, short wanted, short kernel_events) {

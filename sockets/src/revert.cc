@@ -11,7 +11,6 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <span>
 #include <string>
 #include <vector>
 
@@ -182,33 +181,16 @@ bool stays_on_tcp(stream& s) {
 
 // A server waiting for the client's hello reads the client's TCP bytes
 // meanwhile: a client blocked writing them would otherwise never get to its
-// end of file (stays_on_tcp) nor, perhaps, to its hello. Bytes read before the
-// hello showed are raw (the client rings doorbells only after placing it);
-// if it showed meanwhile, what went past its count is records, parsed here.
+// end of file (stays_on_tcp) nor, perhaps, to its hello. Only raw bytes:
+// records after a hello that shows meanwhile stay for drain_doorbells.
 bool take_before_hello(taking& t, std::vector<char>& buffer) {
   stream& s = *t.s;
   constexpr std::size_t most = 64u << 20;  // then the peer waits for the child
-  if (s.is_client || s.out_switched.load() || s.peer_hello_seen.load() || s.chan->peer_hello() ||
-      t.taken.size() >= most)
-    return false;
-  ssize_t n = ::recv(s.fd, buffer.data(), buffer.size(), MSG_DONTWAIT);
+  if (s.is_client || s.out_switched.load() || t.taken.size() >= most) return false;
+  bool at_switch = false;
+  ssize_t n = take_raw(s, buffer.data(), buffer.size(), false, true, at_switch);
   if (n <= 0) return false;
   t.taken.append(buffer.data(), static_cast<std::size_t>(n));
-  s.tcp_in += static_cast<std::uint64_t>(n);
-  if (!learn_peer_raw(s) || s.tcp_in.load() <= *s.peer_raw) return true;
-  const std::uint64_t past = s.tcp_in.load() - *s.peer_raw;
-  const auto records = std::span(
-      reinterpret_cast<const unsigned char*>(t.taken.data()) + (t.taken.size() - past), past);
-  const record_scan scan = scan_records(records);
-  if (scan.take < past) {
-    // An end record cut short: this connection cannot be taken back.
-    s.pending_error.store(EPROTO);
-    log(1, "fd %d: a record was split while the connection went back to TCP", s.fd.load());
-  }
-  if (scan.revert_asked) s.revert_asked.store(true);
-  if (scan.end) s.peer_channel_end.store(*scan.end);
-  t.taken.resize(t.taken.size() - past);
-  s.tcp_in.store(*s.peer_raw);
   return true;
 }
 

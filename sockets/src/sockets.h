@@ -224,6 +224,10 @@ void note_tcp_error(stream& s, int error);
 // True once every raw byte the peer sent before its switch has been read
 // (then marks the stream switched in).
 bool raw_prefix_done(stream& s);
+// The peer's raw bytes (those before its switch) off TCP, never a record
+// after them (io.cc). Returns the bytes, 0 at end of file or with
+// `at_switch` set when none are left before the peer's switch, -1 (errno).
+ssize_t take_raw(stream& s, char* buffer, size_t length, bool peek, bool no_wait, bool& at_switch);
 // `rw`: the program called read()/write() (not recv()/send()). Bytes the
 // kernel carries then go through that same system call: a seccomp filter
 // may allow write but not sendto (OpenSSH's pre-authentication sandbox).
