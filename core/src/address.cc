@@ -4,6 +4,9 @@
 // n=<nonce>;c=<ip:port>;f.<provider>=<hex fabric address>...". The host id is
 // boot id + network namespace, so peers in different namespaces (our
 // simulated hosts) never try the same-host paths.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -131,6 +134,95 @@ result<peer_address> decode_address(std::string_view text) {
   }
   if (!have_host || !have_pid || !have_uid || !have_nonce) return errc::invalid_argument;
   return a;
+}
+
+namespace {
+// The IP of an IPv4 or IPv6 socket address, IPv4-mapped IPv6 as IPv4; nullopt
+// for anything else. Port and scope are dropped.
+std::optional<sockaddr_storage> ip_of(const void* address, std::size_t length) {
+  sockaddr_storage ip{};
+  sa_family_t family = AF_UNSPEC;
+  if (length >= sizeof(sa_family_t)) std::memcpy(&family, address, sizeof family);
+  if (family == AF_INET && length >= sizeof(sockaddr_in)) {
+    auto& v4 = reinterpret_cast<sockaddr_in&>(ip);
+    std::memcpy(&v4, address, sizeof v4);
+    v4.sin_port = 0;
+    return ip;
+  }
+  if (family != AF_INET6 || length < sizeof(sockaddr_in6)) return std::nullopt;
+  sockaddr_in6 v6{};
+  std::memcpy(&v6, address, sizeof v6);
+  if (IN6_IS_ADDR_V4MAPPED(&v6.sin6_addr)) {
+    auto& v4 = reinterpret_cast<sockaddr_in&>(ip);
+    v4.sin_family = AF_INET;
+    std::memcpy(&v4.sin_addr, v6.sin6_addr.s6_addr + 12, 4);
+    return ip;
+  }
+  auto& out = reinterpret_cast<sockaddr_in6&>(ip);
+  out.sin6_family = AF_INET6;
+  out.sin6_addr = v6.sin6_addr;
+  return ip;
+}
+
+bool same_ip(const sockaddr_storage& a, const sockaddr_storage& b) {
+  if (a.ss_family != b.ss_family) return false;
+  if (a.ss_family == AF_INET)
+    return reinterpret_cast<const sockaddr_in&>(a).sin_addr.s_addr ==
+           reinterpret_cast<const sockaddr_in&>(b).sin_addr.s_addr;
+  return std::memcmp(&reinterpret_cast<const sockaddr_in6&>(a).sin6_addr,
+                     &reinterpret_cast<const sockaddr_in6&>(b).sin6_addr, 16) == 0;
+}
+
+// The IP of "ip:port" or "[ip6]:port".
+std::optional<sockaddr_storage> ip_of_text(const std::string& ip_port) {
+  auto colon = ip_port.rfind(':');
+  if (colon == std::string::npos) return std::nullopt;
+  std::string host = ip_port.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  sockaddr_in v4{};
+  if (::inet_pton(AF_INET, host.c_str(), &v4.sin_addr) == 1) {
+    v4.sin_family = AF_INET;
+    return ip_of(&v4, sizeof v4);
+  }
+  sockaddr_in6 v6{};
+  if (::inet_pton(AF_INET6, host.c_str(), &v6.sin6_addr) == 1) {
+    v6.sin6_family = AF_INET6;
+    return ip_of(&v6, sizeof v6);
+  }
+  return std::nullopt;
+}
+
+// Whether `ip` belongs to this host (this network namespace): only a local
+// address can be bound.
+bool is_local(const sockaddr_storage& ip) {
+  unique_fd probe(::socket(ip.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  const socklen_t length = ip.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+  return probe && ::bind(probe.get(), reinterpret_cast<const sockaddr*>(&ip), length) == 0;
+}
+}  // namespace
+
+status check_points_back(const std::string& our_host, const peer_address& claimed,
+                         const void* other_end, std::size_t length) {
+  auto ip = ip_of(other_end, length);
+  if (!ip) return errc::invalid_argument;
+  // "This host" is for peers on this host, and only for them: a remote peer
+  // claiming it would steer us to a local process of its choice, a local one
+  // claiming another host to a local port of its choice.
+  const bool local = is_local(*ip);
+  if ((claimed.host == our_host) != local) return errc::permission_denied;
+  if (local) return {};
+  // Elsewhere: every place it asks us to connect to must be where it is.
+  if (!claimed.control_tcp.empty()) {
+    auto control = ip_of_text(claimed.control_tcp);
+    if (!control || !same_ip(*control, *ip)) return errc::permission_denied;
+  }
+  for (const auto& [provider, bytes] : claimed.fabric) {
+    if (provider == "shm") continue;  // a name on one host; never used across hosts
+    auto at = ip_of(bytes.data(), bytes.size());
+    if (at && !same_ip(*at, *ip)) return errc::permission_denied;
+  }
+  return {};
 }
 
 std::string control_socket_name(std::uint32_t pid, std::uint64_t nonce) {

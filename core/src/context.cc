@@ -55,6 +55,9 @@ status context::impl::start(const context_options& options) {
   if (!page) return page.error();
   wake_segment = std::move(*page);
   wake = new (wake_segment->base) wake_page{};
+  // Importers read the flag; only we may set it (a peer that cleared it
+  // would keep the others from waking us).
+  if (status s = wake_segment->seal_for_peers(true); !s) return s;
 
   auto unix_fd = listen_unix(control_socket_name(self.pid, self.nonce));
   if (!unix_fd) return unix_fd.error();
@@ -175,6 +178,13 @@ result<context> context::create(const context_options& options) {
 std::string context::address() const { return impl_->address_blob(); }
 
 status context::open_remote_paths() { return impl_->open_fabric(); }
+
+status context::check_address_from(std::string_view peer_address, const void* other_end,
+                                   std::size_t length) const {
+  auto claimed = decode_address(peer_address);
+  if (!claimed) return claimed.error();
+  return check_points_back(impl_->self.host, *claimed, other_end, length);
+}
 
 result<mappable_buffer> context::allocate(std::size_t bytes) {
   auto seg = segment::create(bytes, "vmmc-buffer");

@@ -39,6 +39,7 @@ bool accept_hello(context::impl& self, const context::impl::link_ptr& link, cons
     auto ring = segment::create(sizeof(notify_ring), "vmmc-ring");
     if (!ring) return false;
     new ((*ring)->base) notify_ring{};
+    if (!(*ring)->seal_for_peers(false)) return false;
     {
       std::lock_guard lock(self.links_mutex);
       link->ring_segment = *ring;

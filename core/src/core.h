@@ -69,6 +69,11 @@ struct peer_address {
 std::string local_host_id();
 std::uint64_t random_nonce();
 std::string encode_address(const peer_address& a);
+// Whether `claimed`, handed to us in-band over a kernel connection whose other
+// end is `other_end` (a sockaddr), points back at that end (see
+// context::check_address_from).
+status check_points_back(const std::string& our_host, const peer_address& claimed,
+                         const void* other_end, std::size_t length);
 result<peer_address> decode_address(std::string_view text);
 std::string control_socket_name(std::uint32_t pid, std::uint64_t nonce);
 
@@ -154,14 +159,51 @@ result<unique_fd> connect_tcp(const std::string& ip_port, clock::time_point dead
 
 // ---- shared memory (segment.cc) -------------------------------------------
 // A memfd mapped into this process. Exporters allocate them; same-host
-// importers map the same fd. memfds have no name in any filesystem, so nothing
-// is left behind by a process that is killed.
+// importers map them. memfds have no name in any filesystem, so nothing is
+// left behind by a process that is killed. Every memfd we create is sealed
+// against shrinking and growing before anyone else can hold it: no holder can
+// make another's access fault with SIGBUS by truncating it.
 struct segment {
-  unique_fd fd;
+  std::mutex mutex;  // guards fd and windows
+  unique_fd fd;      // backs every page not lent to a window
   std::byte* base = nullptr;
-  std::size_t size = 0;
+  std::size_t size = 0;  // whole pages
+  std::size_t used = 0;  // what was asked for; the rest of the last page is nobody's
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> windows;  // open ones: offset, length
   ~segment();
   static result<std::shared_ptr<segment>> create(std::size_t bytes, const char* name);
+  // Seals the memfd before it is handed out: no one can add or change seals;
+  // with read_only, no one can map it writable or write() it from then on
+  // (our own mapping, made before, stays writable).
+  status seal_for_peers(bool read_only);
+};
+
+// The pages of one mapped export, and only those: what its importers get.
+// A window that covers its whole segment lends the segment's memfd; any other
+// gets a memfd of its own, and its pages move onto it (content kept) while it
+// is open. Closing takes the pages back: they move onto a memfd no importer
+// holds, so an importer's mapping (and any mapping it made of the descriptor
+// it was lent) keeps only the old pages, never reaching our memory again.
+// Moving copies the window: a store by another thread of ours into the window
+// while it opens or closes may be lost.
+class export_window {
+ public:
+  // nullptr when the range cannot be handed out alone: not page-aligned,
+  // ending inside a page that holds other bytes, or overlapping an open window.
+  static std::unique_ptr<export_window> open(std::shared_ptr<segment> seg, std::uint64_t offset,
+                                             std::uint64_t length);
+  ~export_window() { close(); }
+  // A descriptor for one importer, mapping offset 0 to the window's first
+  // byte. The first lend seals the memfd (read_only: never writable).
+  // Errors: unknown_export once closed, resource_exhausted.
+  result<unique_fd> lend(bool read_only);
+  void close();
+
+ private:
+  std::shared_ptr<segment> seg_;
+  std::uint64_t offset_ = 0, length_ = 0;  // page-aligned, inside seg_
+  unique_fd own_;                          // the window's memfd, unless it is the whole segment
+  bool lent_ = false, closed_ = false;     // under seg_->mutex
 };
 
 // Unlinks shared-memory files that libfabric's shm provider left behind for
@@ -177,7 +219,8 @@ struct sender_tally {
   }
 };
 
-// A mapping of (part of) another process's memfd.
+// A mapping of (part of) another process's memfd. Only a memfd sealed against
+// shrinking is mapped: a peer cannot pull pages from under our copies.
 struct mapping {
   std::byte* base = nullptr;  // page-aligned start of the mapping
   std::size_t size = 0;
@@ -414,8 +457,7 @@ struct export_entry {
   rights allowed = rights::none;
   import_policy policy;
   notification_handler on_notify;
-  std::shared_ptr<segment> seg;  // set when the export lies in a mappable buffer
-  std::uint64_t segment_offset = 0;
+  std::unique_ptr<export_window> window;  // set when the mapped path can serve it
   std::vector<fabric_mr> mrs;  // one per open endpoint
   std::atomic<bool> live{true};
 };

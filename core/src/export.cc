@@ -41,7 +41,10 @@ result<export_handle> context::impl::export_buffer(std::string_view name, void* 
   e->allowed = options.allowed;
   e->policy = std::move(options.policy);
   e->on_notify = std::move(options.on_notify);
-  e->seg = find_segment(base, length, e->segment_offset);
+  std::uint64_t offset = 0;
+  if (options.mapped)
+    if (auto seg = find_segment(base, length, offset))
+      e->window = export_window::open(std::move(seg), offset, length);
 
   // Registration takes endpoint locks, which progress holds while it looks
   // exports up: register before taking exports_mutex, never under it.
@@ -105,6 +108,8 @@ status context::impl::unexport_buffer(export_handle handle) {
     }
     for (const link_ptr& link : links) link->granted.erase(e->id);
   }
+  // Enforced whatever the importers answered: their mappings lose our pages.
+  if (e->window) e->window->close();
   for (fabric_mr& m : e->mrs) m.endpoint->deregister_export(m);
   return {};
 }
@@ -114,6 +119,7 @@ void context::impl::handle_import_request(const link_ptr& link, const frame& f) 
   std::vector<int> fds;
   auto answer = [&](errc code) {
     reply.status = static_cast<std::uint32_t>(code);
+    if (code != errc::ok) fds.clear();  // nothing is lent with a refusal
     if (!link->conn->write_frame(wire::frame_type::import_reply, &reply, sizeof reply, fds))
       link->alive = false;
   };
@@ -149,10 +155,14 @@ void context::impl::handle_import_request(const link_ptr& link, const frame& f) 
   reply.export_id = e->id;
   reply.length = e->length;
   reply.rights = static_cast<std::uint32_t>(e->allowed);
-  if (req.want_mapped && e->seg && link->conn->is_unix()) {
+  unique_fd lent;
+  if (req.want_mapped && e->window && link->conn->is_unix()) {
+    auto fd = e->window->lend(!has_right(e->allowed, rights::write));
+    if (!fd) return answer(static_cast<errc>(fd.error().value()));
+    lent = std::move(*fd);
     reply.mapped = 1;
-    reply.segment_offset = e->segment_offset;
-    fds.push_back(e->seg->fd.get());
+    reply.segment_offset = 0;
+    fds.push_back(lent.get());
   } else {
     const fabric_mr* mr = nullptr;
     for (const fabric_mr& m : e->mrs)

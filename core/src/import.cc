@@ -61,7 +61,7 @@ result<context::impl::peer_ptr> context::impl::connect_peer(std::string_view blo
   if (r.status != 0) return static_cast<errc>(r.status);
   if (r.has_wake_fds) {
     if (reply->fds.size() != 3) return errc::protocol_error;
-    auto wake_map = mapping::map(reply->fds[0].get(), 0, sizeof(wake_page), true);
+    auto wake_map = mapping::map(reply->fds[0].get(), 0, sizeof(wake_page), false);
     auto ring_map = mapping::map(reply->fds[2].get(), 0, sizeof(notify_ring), true);
     if (!wake_map || !ring_map) return errc::protocol_error;
     peer->wake_map = std::move(*wake_map);

@@ -1,5 +1,6 @@
 // Shared memory: memfd-backed segments we own, and mappings of a peer's.
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -7,6 +8,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 
 #include "core.h"
 
@@ -19,6 +21,36 @@ std::size_t page_size() {
 }
 }  // namespace
 
+namespace {
+std::size_t whole_pages(std::size_t bytes) {
+  return (bytes + page_size() - 1) / page_size() * page_size();
+}
+
+// A memfd of `bytes` (whole pages) whose size no holder can ever change.
+unique_fd sized_memfd(std::size_t bytes, const char* name) {
+  unique_fd fd(::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!fd || ::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0 ||
+      ::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0)
+    return unique_fd{};
+  return fd;
+}
+
+// Moves our pages at [at, at+length) onto [offset, offset+length) of `fd`,
+// content kept: the range is then backed by `fd` alone. mremap swaps the
+// filled staging mapping in with one call, so no thread sees a hole.
+bool move_pages(std::byte* at, std::size_t length, int fd, std::uint64_t offset) {
+  void* staging =
+      ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(offset));
+  if (staging == MAP_FAILED) return false;
+  std::memcpy(staging, at, length);
+  if (::mremap(staging, length, length, MREMAP_MAYMOVE | MREMAP_FIXED, at) == MAP_FAILED) {
+    ::munmap(staging, length);
+    return false;
+  }
+  return true;
+}
+}  // namespace
+
 segment::~segment() {
   if (base) ::munmap(base, size);
 }
@@ -26,14 +58,79 @@ segment::~segment() {
 result<std::shared_ptr<segment>> segment::create(std::size_t bytes, const char* name) {
   if (bytes == 0) return errc::invalid_argument;
   auto s = std::make_shared<segment>();
-  s->size = (bytes + page_size() - 1) / page_size() * page_size();
-  s->fd.reset(::memfd_create(name, MFD_CLOEXEC));
-  if (!s->fd || ::ftruncate(s->fd.get(), static_cast<off_t>(s->size)) != 0)
-    return errc::resource_exhausted;
+  s->used = bytes;
+  s->size = whole_pages(bytes);
+  s->fd = sized_memfd(s->size, name);
+  if (!s->fd) return errc::resource_exhausted;
   void* p = ::mmap(nullptr, s->size, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd.get(), 0);
   if (p == MAP_FAILED) return errc::resource_exhausted;
   s->base = static_cast<std::byte*>(p);
   return s;
+}
+
+status segment::seal_for_peers(bool read_only) {
+  const int seals = F_SEAL_SEAL | (read_only ? F_SEAL_FUTURE_WRITE : 0);
+  std::lock_guard lock(mutex);
+  if (::fcntl(fd.get(), F_ADD_SEALS, seals) != 0) return errc::system_error;
+  return {};
+}
+
+std::unique_ptr<export_window> export_window::open(std::shared_ptr<segment> seg,
+                                                   std::uint64_t offset, std::uint64_t length) {
+  // The window's last page must hold nothing but exported bytes (or the
+  // unused tail of the segment): an importer can read and write all of it.
+  if (offset % page_size() != 0 || length == 0 ||
+      (length % page_size() != 0 && offset + length != seg->used))
+    return nullptr;
+  length = whole_pages(length);
+  auto w = std::unique_ptr<export_window>(new export_window);
+  std::lock_guard lock(seg->mutex);
+  for (auto [o, l] : seg->windows)
+    if (offset < o + l && o < offset + length) return nullptr;
+  if (offset != 0 || length != seg->size || !seg->windows.empty()) {
+    w->own_ = sized_memfd(length, "vmmc-window");
+    if (!w->own_ || !move_pages(seg->base + offset, length, w->own_.get(), 0)) return nullptr;
+  }
+  seg->windows.emplace_back(offset, length);
+  w->seg_ = std::move(seg);
+  w->offset_ = offset;
+  w->length_ = length;
+  return w;
+}
+
+result<unique_fd> export_window::lend(bool read_only) {
+  std::lock_guard lock(seg_->mutex);
+  if (closed_) return errc::unknown_export;
+  const int fd = own_ ? own_.get() : seg_->fd.get();
+  if (!lent_) {
+    const int seals = F_SEAL_SEAL | (read_only ? F_SEAL_FUTURE_WRITE : 0);
+    if (::fcntl(fd, F_ADD_SEALS, seals) != 0) return errc::resource_exhausted;
+    lent_ = true;
+  }
+  unique_fd copy(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+  if (!copy) return errc::resource_exhausted;
+  return copy;
+}
+
+void export_window::close() {
+  if (!seg_) return;
+  std::lock_guard lock(seg_->mutex);
+  if (closed_) return;
+  closed_ = true;
+  std::erase(seg_->windows, std::pair{offset_, length_});
+  std::byte* at = seg_->base + offset_;
+  bool moved = true;
+  if (own_) {
+    moved = move_pages(at, length_, seg_->fd.get(), offset_);  // back onto the segment's memfd
+  } else if (lent_) {
+    unique_fd fresh = sized_memfd(length_, "vmmc-buffer");  // the whole segment was lent
+    moved = fresh && move_pages(at, length_, fresh.get(), 0);
+    if (moved) seg_->fd = std::move(fresh);
+  }
+  // Out of memory for a copy: the importers keep reaching these pages.
+  if (!moved)
+    VMMC_ERROR("could not take back the pages of a withdrawn export: %s", std::strerror(errno));
+  own_.reset();
 }
 
 mapping::~mapping() {
@@ -54,6 +151,8 @@ void mapping::retire() {
 
 result<std::unique_ptr<mapping>> mapping::map(int fd, std::uint64_t offset, std::uint64_t length,
                                               bool writable) {
+  const int seals = ::fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || !(seals & F_SEAL_SHRINK)) return errc::protocol_error;
   // The fd's size bounds what the peer may claim: never map past its end.
   off_t end = ::lseek(fd, 0, SEEK_END);
   if (end < 0 || length == 0 || offset > static_cast<std::uint64_t>(end) ||

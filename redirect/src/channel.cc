@@ -300,6 +300,11 @@ channel::impl::~impl() {
 }
 
 status channel::impl::attach(const parsed_descriptor& peer_area) {
+  if (options.reached_over)
+    if (status s = ctx.check_address_from(peer_area.address, &*options.reached_over,
+                                          sizeof(sockaddr_storage));
+        !s)
+      return s;
   auto h = ctx.import_buffer(peer_area.address, peer_area.name);
   if (!h) return h.error();
   peer = *h;

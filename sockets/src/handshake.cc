@@ -85,6 +85,10 @@ redirect::channel_options channel_options_for(stream& s) {
   o.await_doorbell = [self](const std::function<bool()>& arm, int timeout_ms) {
     sleep_on_doorbell(*self, arm, timeout_ms);
   };
+  sockaddr_storage peer{};
+  socklen_t length = sizeof peer;
+  if (::getpeername(s.fd.load(), reinterpret_cast<sockaddr*>(&peer), &length) == 0)
+    o.reached_over = peer;
   return o;
 }
 

@@ -2,7 +2,9 @@
 // the upgrade protocol to be taken for a vmmc peer, written with raw kernel
 // sockets (issue 13, item 8). The victim is a client on the vmmc sockets API.
 // A bad hello after the accept byte must fail the connection, never turn
-// into application data (before: its 101 bytes were read as data).
+// into application data (before: its 101 bytes were read as data). A hello
+// whose descriptor points somewhere else must not make the client connect
+// there (before: it opened TCP to any ip:port and sent its address).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -26,6 +28,10 @@ namespace vs = vmmc::sockets;
 // The sockets layer's urgent accept byte (sockets/src/wire.h): public
 // protocol, as an attacker would read it.
 constexpr unsigned char accept_byte = 0xD7;
+struct hello_frame {
+  std::uint32_t magic = 0x53484d56;
+  std::uint16_t version = 2, length = 0;
+};
 
 int listen_loopback(int& port) {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -94,6 +100,40 @@ TEST(HostileServer, ABadHelloFailsTheConnectionAndIsNeverData) {
   vs::close(fd);
   server.join();
   ::close(listener);
+}
+
+TEST(HostileServer, ItsDescriptorCannotSteerTheClientElsewhere) {
+  int port = 0, trap_port = 0;
+  int listener = listen_loopback(port), trap = listen_loopback(trap_port);
+  ASSERT_GE(listener, 0) << std::strerror(errno);
+  ASSERT_GE(trap, 0) << std::strerror(errno);
+  // On loopback, yet it claims another host, whose control listener is the
+  // trap: a local port of the server's choosing.
+  const std::string descriptor =
+      "area#65536#vmmc1;h=elsewhere;p=1;u=0;n=5;c=127.0.0.1:" + std::to_string(trap_port);
+  hello_frame frame;
+  frame.length = static_cast<std::uint16_t>(descriptor.size());
+  std::string hello(reinterpret_cast<const char*>(&frame), sizeof frame);
+  std::thread server(hostile_server, listener, hello + descriptor);
+
+  int fd = vs::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(vs::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << std::strerror(errno);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the answer is there
+  (void)vs::send(fd, "y", 1, MSG_NOSIGNAL);  // a write places our hello at the latest
+  char buffer[64];
+  (void)vs::recv(fd, buffer, sizeof buffer, MSG_DONTWAIT);
+
+  pollfd p{trap, POLLIN, 0};
+  EXPECT_EQ(::poll(&p, 1, 1500), 0) << "the client connected where the server's descriptor said";
+  vs::close(fd);
+  server.join();
+  ::close(listener);
+  ::close(trap);
 }
 
 }  // namespace

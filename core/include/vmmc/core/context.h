@@ -11,6 +11,23 @@
 // with `context::allocate` maps it and copies at user level; every other case
 // goes through libfabric RMA (shm on this host, tcp/verbs/... across hosts).
 //
+// Protection: an export is reachable only by importers its policy admits,
+// with the rights it grants, until unexport_buffer returns. What enforces it:
+//  - Fabric path: each export is registered with its own random 64-bit key
+//    and only the granted remote access; the key dies at unexport. Buffers
+//    we send or fetch from are registered for local access only.
+//  - Mapped path: an importer is lent a memfd holding only the export's
+//    pages (the window: page-aligned; a range that shares a page with other
+//    bytes, or overlaps another mapped export, goes over fabric instead).
+//    A read grant is sealed so no one can map it writable; sizes are sealed,
+//    so no holder can truncate it. Unexport moves our pages off that memfd,
+//    so an importer that ignores the revoke writes only into the old pages.
+//    The MMU cannot map write-only: a write grant on this path also lets
+//    the importer read the window (export_options::mapped = false if that
+//    matters).
+//  - Notification records are accepted only for exports the sending link
+//    imported and still holds.
+//
 // Thread safety: every member function may be called from any thread.
 // Notification handlers run in the thread that calls poll_notifications() or
 // wait_notifications(), never concurrently with each other.
@@ -69,6 +86,9 @@ struct export_options {
   rights allowed = rights::write;
   import_policy policy = import_policy::same_user();
   notification_handler on_notify;  // may be empty: notifications are then counted and dropped
+  // Let same-host importers map the export (see "Protection" below). false
+  // keeps every importer on the fabric path, where a write grant cannot read.
+  bool mapped = true;
 };
 
 // Handles are small values; a released handle is never reissued with the same
@@ -205,6 +225,16 @@ class context {
   // when the fabric opens: hand a peer on another host the address read after
   // open_remote_paths().
   std::string address() const;
+
+  // Checks an address a peer handed us in-band over a kernel connection (a
+  // TCP socket) whose other end is `other_end` (a sockaddr, as getpeername
+  // fills it): it must point back at that end, not at a place of the peer's
+  // choosing. An address of this host is accepted only from a local end;
+  // one of another host only if its control and fabric addresses are at
+  // that end's IP. Errors: permission_denied, invalid_argument (malformed,
+  // or not an IPv4/IPv6 end).
+  status check_address_from(std::string_view peer_address, const void* other_end,
+                            std::size_t length) const;
 
   // Opens the fabric providers and the control listener peers on other hosts
   // reach us by, if not open yet (see context_options::fabric_on_demand).

@@ -37,11 +37,14 @@
 // prepare_sleep(for_space)); set-up and destruction need exclusive access.
 #pragma once
 
+#include <sys/socket.h>
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -67,6 +70,11 @@ struct channel_options {
   // Empty: blocking waits nap briefly instead (fine for tests, not for idle
   // processes).
   std::function<void(const std::function<bool()>& arm, int timeout_ms)> await_doorbell;
+  // The other end (getpeername) of the kernel connection the peer's
+  // descriptor travels over, when there is one. The peer's context address
+  // must then point back at it (core::context::check_address_from): a peer
+  // cannot steer this end to connect to a place of its choosing.
+  std::optional<sockaddr_storage> reached_over;
 };
 
 // Where the bytes of one receive() came from.
