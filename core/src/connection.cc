@@ -68,14 +68,22 @@ result<unique_fd> connect_with_deadline(int domain, const sockaddr* address, soc
                                         clock::time_point deadline) {
   unique_fd fd(::socket(domain, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!fd) return errc::system_error;
-  if (::connect(fd.get(), address, length) != 0) {
-    if (errno != EINPROGRESS && errno != EAGAIN) return errc::peer_gone;
+  while (::connect(fd.get(), address, length) != 0) {
+    // A Unix listener's full backlog: there is no connect in progress to
+    // wait for (the socket stays unconnected), so try again shortly.
+    if (errno == EAGAIN && domain == AF_UNIX) {
+      if (clock::now() >= deadline) return errc::timed_out;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      continue;
+    }
+    if (errno != EINPROGRESS) return errc::peer_gone;
     pollfd p{fd.get(), POLLOUT, 0};
     if (::poll(&p, 1, remaining_ms(deadline)) <= 0) return errc::timed_out;
     int err = 0;
     socklen_t len = sizeof err;
     ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
     if (err != 0) return errc::peer_gone;
+    break;
   }
   if (domain == AF_INET) {
     int one = 1;
@@ -94,42 +102,65 @@ status connection::write_frame(wire::frame_type type, const void* body, std::siz
                                std::span<const int> fds) {
   wire::frame_header h{wire::control_magic, wire::control_version,
                        static_cast<std::uint16_t>(type), static_cast<std::uint32_t>(length)};
-  std::vector<std::uint8_t> bytes(sizeof h + length);
-  std::memcpy(bytes.data(), &h, sizeof h);
-  if (length) std::memcpy(bytes.data() + sizeof h, body, length);
+  pending_frame f;
+  f.bytes.resize(sizeof h + length);
+  std::memcpy(f.bytes.data(), &h, sizeof h);
+  if (length) std::memcpy(f.bytes.data() + sizeof h, body, length);
+  for (int fd : fds) {
+    f.fds.emplace_back(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+    if (!f.fds.back()) return errc::resource_exhausted;
+  }
 
   std::lock_guard lock(write_mutex_);
-  std::size_t sent = 0;
-  auto deadline = clock::now() + std::chrono::seconds(2);
-  while (sent < bytes.size()) {
-    iovec iov{bytes.data() + sent, bytes.size() - sent};
+  if (output_bytes_ + f.bytes.size() > max_backlog) return errc::peer_gone;
+  output_bytes_ += f.bytes.size();
+  output_.push_back(std::move(f));
+  status s = send_queued_locked();
+  if (s && backlogged_.load() && on_backlog) on_backlog();
+  return s;
+}
+
+status connection::flush() {
+  std::lock_guard lock(write_mutex_);
+  return send_queued_locked();
+}
+
+status connection::send_queued_locked() {
+  bool sent_some = false;
+  while (!output_.empty()) {
+    pending_frame& f = output_.front();
+    iovec iov{f.bytes.data() + f.sent, f.bytes.size() - f.sent};
     msghdr m{};
     m.msg_iov = &iov;
     m.msg_iovlen = 1;
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * max_fds_per_frame)];
-    if (sent == 0 && !fds.empty()) {  // descriptors travel with the frame's first byte
+    if (f.sent == 0 && !f.fds.empty()) {
       m.msg_control = control;
-      m.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+      m.msg_controllen = CMSG_SPACE(sizeof(int) * f.fds.size());
       cmsghdr* c = CMSG_FIRSTHDR(&m);
       c->cmsg_level = SOL_SOCKET;
       c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-      std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+      c->cmsg_len = CMSG_LEN(sizeof(int) * f.fds.size());
+      for (std::size_t i = 0; i < f.fds.size(); ++i) {
+        const int fd = f.fds[i].get();
+        std::memcpy(CMSG_DATA(c) + i * sizeof(int), &fd, sizeof fd);
+      }
     }
-    ssize_t n = ::sendmsg(fd_.get(), &m, MSG_NOSIGNAL);
+    ssize_t n = ::sendmsg(fd_.get(), &m, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n > 0) {
-      sent += static_cast<std::size_t>(n);
+      sent_some = true;
+      f.sent += static_cast<std::size_t>(n);
+      output_bytes_ -= static_cast<std::size_t>(n);
+      f.fds.clear();  // the kernel holds them now
+      if (f.sent == f.bytes.size()) output_.pop_front();
       continue;
     }
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-      pollfd p{fd_.get(), POLLOUT, 0};
-      if (::poll(&p, 1, remaining_ms(deadline)) <= 0 && clock::now() >= deadline)
-        return errc::peer_gone;  // a peer that takes no bytes for 2 s is as good as gone
-      continue;
-    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) break;
     return errc::peer_gone;
   }
-  last_sent_ns_.store(now_ns(), std::memory_order_relaxed);
+  backlogged_.store(!output_.empty(), std::memory_order_release);
+  if (sent_some) last_sent_ns_.store(now_ns(), std::memory_order_relaxed);
   return {};
 }
 

@@ -17,6 +17,12 @@ using namespace detail;
 namespace {
 constexpr auto app_idle_after = std::chrono::milliseconds(2);
 constexpr auto slowest_fabric_tick = std::chrono::milliseconds(10);
+// A control connection must say hello this soon after it is accepted (ours
+// write it with the connect); at most max_half_open wait at once.
+constexpr auto hello_timeout = std::chrono::seconds(2);
+constexpr std::size_t max_half_open = 64;
+// How long listeners rest when the process is out of descriptors.
+constexpr auto accept_rest = std::chrono::milliseconds(50);
 
 // Verifies and answers an importer's hello. Returns false to drop the link.
 bool accept_hello(context::impl& self, const context::impl::link_ptr& link, const frame& f) {
@@ -105,6 +111,10 @@ void context::impl::handle_peer_frames(const peer_ptr& peer) {
         {
           std::lock_guard lock(peer->reply_mutex);
           unwanted = peer->abandoned.erase(r.request_id) > 0;
+          if (!unwanted && !peer->awaited.erase(r.request_id)) {
+            s = errc::protocol_error;  // an answer to nothing we asked
+            break;
+          }
           if (!unwanted) {
             if (r.status == 0) peer->installing[r.request_id] = r.export_id;
             peer->replies[r.request_id] = std::move(f);
@@ -150,9 +160,13 @@ void context::impl::control_loop() {
   while (!stopping.load(std::memory_order_acquire)) {
     fds.clear();
     fds.push_back({control_wakeup.get(), POLLIN, 0});
-    fds.push_back({unix_listener.get(), POLLIN, 0});
+    // Out of descriptors, a listener stays readable: rest it a moment
+    // rather than spin on it.
+    const bool listening = now_ns() >= accept_resumes_ns;
+    fds.push_back({listening ? unix_listener.get() : -1, POLLIN, 0});
     const fabric_paths* opened = fabric.load(std::memory_order_acquire);
-    fds.push_back({opened && opened->tcp_listener ? opened->tcp_listener.get() : -1, POLLIN, 0});
+    fds.push_back(
+        {listening && opened && opened->tcp_listener ? opened->tcp_listener.get() : -1, POLLIN, 0});
     {
       std::lock_guard lock(links_mutex);
       link_list = links;
@@ -162,8 +176,13 @@ void context::impl::control_loop() {
       peer_list.clear();
       for (auto& [key, p] : peers) peer_list.push_back(p);
     }
-    for (auto& l : link_list) fds.push_back({l->conn->fd(), POLLIN, 0});
-    for (auto& p : peer_list) fds.push_back({p->conn->fd(), POLLIN, 0});
+    // Output waits in a connection only while its socket is full: flush it
+    // when there is room.
+    auto events = [](const connection& c) -> short {
+      return static_cast<short>(POLLIN | (c.backlogged() ? POLLOUT : 0));
+    };
+    for (auto& l : link_list) fds.push_back({l->conn->fd(), events(*l->conn), 0});
+    for (auto& p : peer_list) fds.push_back({p->conn->fd(), events(*p->conn), 0});
 
     // Fabric progress is ours only while the application is not polling.
     const bool app_idle = wake->sleeping.load(std::memory_order_relaxed) ||
@@ -181,6 +200,8 @@ void context::impl::control_loop() {
             fabric_ready = true;
         }
     auto timeout = std::chrono::duration_cast<std::chrono::milliseconds>(heartbeat);
+    timeout = std::min<std::chrono::milliseconds>(timeout, hello_timeout);
+    if (!listening) timeout = std::min<std::chrono::milliseconds>(timeout, accept_rest);
     if (!app_idle) timeout = std::min<std::chrono::milliseconds>(timeout, app_idle_after);
     if (app_idle && has_unwaitable_endpoint) timeout = std::min(timeout, fabric_tick);
     if (acks_owed.load()) timeout = std::min(timeout, std::chrono::milliseconds(1));
@@ -192,25 +213,20 @@ void context::impl::control_loop() {
       std::uint64_t drained;
       [[maybe_unused]] ssize_t n = ::read(control_wakeup.get(), &drained, sizeof drained);
     }
-    for (int i = 1; i <= 2; ++i) {
-      if (!(fds[static_cast<std::size_t>(i)].revents & POLLIN)) continue;
-      for (;;) {
-        int c = ::accept4(fds[static_cast<std::size_t>(i)].fd, nullptr, nullptr,
-                          SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (c < 0) break;
-        auto link = std::make_shared<importer_link>();
-        link->conn = std::make_unique<connection>(unique_fd(c), i == 1);
-        std::lock_guard lock(links_mutex);
-        link->id = next_link_id++;
-        links_by_id.emplace(link->id, link);
-        links.push_back(std::move(link));
-      }
-    }
+    for (int i = 1; i <= 2; ++i)
+      if (fds[static_cast<std::size_t>(i)].revents & POLLIN)
+        accept_links(fds[static_cast<std::size_t>(i)].fd, i == 1);
     std::size_t at = 3;
-    for (auto& l : link_list)
-      if (fds[at++].revents) handle_link_frames(l);
-    for (auto& p : peer_list)
-      if (fds[at++].revents) handle_peer_frames(p);
+    for (auto& l : link_list) {
+      const short revents = fds[at++].revents;
+      if ((revents & POLLOUT) && !l->conn->flush()) l->alive = false;
+      if (revents & ~POLLOUT) handle_link_frames(l);
+    }
+    for (auto& p : peer_list) {
+      const short revents = fds[at++].revents;
+      if ((revents & POLLOUT) && !p->conn->flush()) peer_died(p);
+      if (revents & ~POLLOUT) handle_peer_frames(p);
+    }
 
     if (app_idle) {
       std::size_t handled = 0;
@@ -226,7 +242,12 @@ void context::impl::control_loop() {
     const std::int64_t now = now_ns();
     const auto heartbeat_ns = std::chrono::nanoseconds(heartbeat).count();
     const auto liveness_ns = std::chrono::nanoseconds(liveness).count();
+    const auto hello_ns = std::chrono::nanoseconds(hello_timeout).count();
     for (auto& l : link_list) {
+      if (l->alive && !l->hello_done && now - l->accepted_ns > hello_ns) {
+        VMMC_WARN("closed a control connection that said no hello");
+        l->alive = false;
+      }
       if (l->alive && !l->conn->is_unix()) {
         if (now - l->conn->last_heard_ns() > liveness_ns) l->alive = false;
         else if (now - l->conn->last_sent_ns() > heartbeat_ns &&
@@ -245,6 +266,48 @@ void context::impl::control_loop() {
       }
     }
     if (acks_owed.load()) send_owed_acks();
+  }
+}
+
+void context::impl::accept_links(int listener, bool is_unix) {
+  // A round takes at most max_half_open: the links it pushes out close in
+  // the next round, so a flood never holds more than twice that.
+  for (std::size_t accepted = 0; accepted < max_half_open; ++accepted) {
+    int c = ::accept4(listener, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (c < 0) {
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        // Make room by dropping the oldest connection still without a hello
+        // (the next round closes it); rest if there is none.
+        link_ptr oldest;
+        {
+          std::lock_guard lock(links_mutex);
+          for (const link_ptr& l : links)
+            if (l->alive && !l->hello_done && (!oldest || l->accepted_ns < oldest->accepted_ns))
+              oldest = l;
+        }
+        if (oldest) oldest->alive = false;
+        accept_resumes_ns =
+            now_ns() + std::chrono::duration_cast<std::chrono::nanoseconds>(accept_rest).count();
+        VMMC_WARN("out of descriptors for control connections: %s", std::strerror(errno));
+      }
+      return;
+    }
+    auto link = std::make_shared<importer_link>();
+    link->conn = std::make_unique<connection>(unique_fd(c), is_unix);
+    link->conn->on_backlog = [this] { wake_control_thread(); };
+    link->accepted_ns = now_ns();
+    std::lock_guard lock(links_mutex);
+    std::size_t half_open = 0;
+    link_ptr oldest;
+    for (const link_ptr& l : links)
+      if (l->alive && !l->hello_done) {
+        ++half_open;
+        if (!oldest || l->accepted_ns < oldest->accepted_ns) oldest = l;
+      }
+    if (half_open >= max_half_open) oldest->alive = false;  // a flood ages out its own first
+    link->id = next_link_id++;
+    links_by_id.emplace(link->id, link);
+    links.push_back(std::move(link));
   }
 }
 

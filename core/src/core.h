@@ -119,9 +119,21 @@ class connection {
   int fd() const noexcept { return fd_.get(); }
   bool is_unix() const noexcept { return is_unix_; }
 
-  // Sends one frame (blocking up to 2 s for socket space). Errors: peer_gone.
+  // Sends one frame, never waiting: what the socket does not take now waits
+  // in an output queue (with duplicates of `fds`) for flush(). A peer that
+  // lets more than max_backlog bytes pile up is as good as gone: one peer
+  // that stops reading never stalls the thread serving the others.
+  // Errors: peer_gone, resource_exhausted (no descriptor to duplicate).
   status write_frame(wire::frame_type type, const void* body, std::size_t length,
                      std::span<const int> fds = {});
+  // Sends what waits, as far as the socket takes it. Errors: peer_gone.
+  status flush();
+  // Something waits for socket space: poll for POLLOUT, then flush().
+  bool backlogged() const noexcept { return backlogged_.load(std::memory_order_acquire); }
+  // Called by a writer whose frame had to wait (under the write lock: it
+  // must only wake the thread that flushes).
+  std::function<void()> on_backlog;
+  static constexpr std::size_t max_backlog = 1 << 20;
   // Reads what is available and appends whole frames to `out`. Errors:
   // peer_gone (EOF/reset), protocol_error (garbage). would_block never.
   status read_available(std::vector<frame>& out);
@@ -143,9 +155,19 @@ class connection {
  private:
   status parse(std::vector<frame>& out);
 
+  status send_queued_locked();
+
   unique_fd fd_;
   bool is_unix_;
   std::mutex write_mutex_;
+  struct pending_frame {
+    std::vector<std::uint8_t> bytes;
+    std::size_t sent = 0;
+    std::vector<unique_fd> fds;  // travel with the first byte
+  };
+  std::deque<pending_frame> output_;  // write_mutex_
+  std::size_t output_bytes_ = 0;
+  std::atomic<bool> backlogged_{false};
   std::vector<std::uint8_t> input_;
   std::deque<unique_fd> input_fds_;
   std::atomic<std::int64_t> last_heard_ns_{0};
@@ -480,9 +502,12 @@ struct remote_peer {
   // `installing` from its reply's arrival until it is in the imports table;
   // a revoke that overtakes it there marks it `overtaken`, and the import
   // fails instead of going live on withdrawn memory. A reply whose caller
-  // gave up (`abandoned`) is dropped and its import given back.
+  // gave up (`abandoned`) is dropped and its import given back. A reply to
+  // a request that is neither `awaited` nor abandoned is a protocol error:
+  // replies never pile up beyond the requests we made.
   std::mutex reply_mutex;
   std::condition_variable reply_cv;
+  std::set<std::uint64_t> awaited;
   std::map<std::uint64_t, frame> replies;
   std::map<std::uint64_t, std::uint32_t> installing;  // request id -> export id
   std::set<std::uint64_t> overtaken;
@@ -531,12 +556,17 @@ struct import_entry {
 // An importer connected to us (we export).
 struct importer_link {
   std::unique_ptr<connection> conn;
+  std::int64_t accepted_ns = 0;  // a link without a hello by hello_timeout is closed
   peer_address address;
   std::string blob;
   bool hello_done = false;
   std::atomic<bool> alive{true};
   std::shared_ptr<segment> ring_segment;  // mapped path notifications from it
   std::map<std::uint32_t, int> imported;  // export id -> import count (links_mutex)
+  // Of those, the ones imported over the fabric at least once: a revoke
+  // waits for their acknowledgement (writes of theirs may be in flight).
+  // Mapped imports need none: unexport takes the pages from under them.
+  std::set<std::uint32_t> imported_over_fabric;
   // Exports this importer was ever granted (links_mutex; an id leaves with
   // its export): only their records are taken from its rings. Not only the
   // live imports: records published before a release may be read after it.
@@ -636,6 +666,8 @@ class context::impl {
   void handle_peer_frames(const peer_ptr& peer);
   void link_died(const link_ptr& link);
   void send_owed_acks();
+  void accept_links(int listener, bool is_unix);
+  std::int64_t accept_resumes_ns = 0;  // control thread only
 
   // state ------------------------------------------------------------------
   detail::peer_address self;  // fabric and control_tcp: under address_mutex

@@ -90,7 +90,8 @@ status context::impl::unexport_buffer(export_handle handle) {
     for (const link_ptr& link : links) {
       if (!link->alive || !link->imported.count(e->id)) continue;
       wire::revoke_body body{e->id, 0};
-      if (link->conn->write_frame(wire::frame_type::revoke, &body, sizeof body)) {
+      if (link->conn->write_frame(wire::frame_type::revoke, &body, sizeof body) &&
+          link->imported_over_fabric.count(e->id)) {
         revokes_pending[{link.get(), e->id}] = 1;
         asked.push_back(link);
       }
@@ -102,11 +103,12 @@ status context::impl::unexport_buffer(export_handle handle) {
     };
     if (!revoke_cv.wait_for(lock, std::chrono::seconds(2), all_acknowledged))
       VMMC_WARN("export %s withdrawn without every importer's acknowledgement", e->name.c_str());
-    for (const link_ptr& link : asked) {
-      revokes_pending.erase({link.get(), e->id});
+    for (const link_ptr& link : asked) revokes_pending.erase({link.get(), e->id});
+    for (const link_ptr& link : links) {
       link->imported.erase(e->id);
+      link->imported_over_fabric.erase(e->id);
+      link->granted.erase(e->id);
     }
-    for (const link_ptr& link : links) link->granted.erase(e->id);
   }
   // Enforced whatever the importers answered: their mappings lose our pages.
   if (e->window) e->window->close();
@@ -189,6 +191,7 @@ void context::impl::handle_import_request(const link_ptr& link, const frame& f) 
   std::lock_guard lock(links_mutex);
   if (!e->live) return answer(errc::unknown_export);
   ++link->imported[e->id];
+  if (!reply.mapped) link->imported_over_fabric.insert(e->id);
   link->granted.insert(e->id);
   answer(errc::ok);
 }
@@ -220,6 +223,7 @@ void context::impl::handle_unimport(const link_ptr& link, const frame& f) {
     auto it = link->imported.find(body.export_id);
     if (it == link->imported.end() || --it->second > 0) return;
     link->imported.erase(it);
+    link->imported_over_fabric.erase(body.export_id);
     // The importer let go with nothing of its in flight: as good as an
     // acknowledgement of a revoke that crossed this frame.
     revokes_pending.erase({link.get(), body.export_id});

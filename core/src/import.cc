@@ -42,7 +42,16 @@ result<context::impl::peer_ptr> context::impl::connect_peer(std::string_view blo
   else if (!peer->address.control_tcp.empty())
     fd = connect_tcp(peer->address.control_tcp, deadline);
   if (!fd) return fd.error();
+  if (peer->same_host) {
+    // Anyone may bind an abstract name: the kernel says who listens there.
+    ucred cred{};
+    socklen_t length = sizeof cred;
+    if (::getsockopt(fd->get(), SOL_SOCKET, SO_PEERCRED, &cred, &length) != 0 ||
+        static_cast<std::uint32_t>(cred.pid) != peer->address.pid)
+      return errc::protocol_error;
+  }
   peer->conn = std::make_unique<connection>(std::move(*fd), peer->same_host);
+  peer->conn->on_backlog = [this] { wake_control_thread(); };
 
   // A peer on another host is reached over the fabric, and reaches us so.
   if (!peer->same_host) (void)open_fabric();
@@ -114,9 +123,16 @@ result<import_handle> context::impl::import_buffer(std::string_view peer_blob,
   std::vector<std::uint8_t> body(sizeof req + name.size());
   std::memcpy(body.data(), &req, sizeof req);
   std::memcpy(body.data() + sizeof req, name.data(), name.size());
+  {
+    std::lock_guard lock(p->reply_mutex);
+    p->awaited.insert(req.request_id);
+  }
   if (auto s = p->conn->write_frame(wire::frame_type::import_request, body.data(), body.size());
-      !s)
+      !s) {
+    std::lock_guard lock(p->reply_mutex);
+    p->awaited.erase(req.request_id);
     return s.error();
+  }
 
   frame f;
   {
@@ -125,7 +141,8 @@ result<import_handle> context::impl::import_buffer(std::string_view peer_blob,
       return p->replies.count(req.request_id) || !p->alive;
     });
     if (!p->replies.count(req.request_id)) {
-      if (!answered) p->abandoned.insert(req.request_id);  // a late reply is given back
+      if (p->awaited.erase(req.request_id) && !answered)
+        p->abandoned.insert(req.request_id);  // a late reply is given back
       return answered ? errc::peer_gone : errc::timed_out;
     }
     f = std::move(p->replies[req.request_id]);
