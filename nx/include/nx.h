@@ -21,7 +21,10 @@
  * terminates the process (exit status 1) as NX did, and an underscore form
  * (_csend, _crecv ...), which returns -1 and sets errno to one of the EQ*
  * codes below (or sets errno and returns -1.0/NULL-like values where noted).
- * A peer node that dies is an error on whatever waits for it (EQNODEGONE).
+ * Successful underscore calls return 0 unless they return a value (a mid,
+ * a flag, csendrecv's length): _crecv/_crecvx return 0, the length is
+ * infocount(). A peer node that dies is an error on whatever waits for it
+ * (EQBADNODE).
  *
  * msginfo: after crecv/crecvx, cprobe/cprobex, iprobe/iprobex returning 1,
  * msgwait or msgdone returning 1 for a receive, msginfo[] holds the type,
@@ -40,15 +43,49 @@
 extern "C" {
 #endif
 
-/* NX error codes (errno values of the underscore forms). */
-#define EQMSGLONG 1101  /* message longer than the receive buffer */
-#define EQNOMID 1102    /* unknown or already released message id */
-#define EQBADNODE 1103  /* node number out of range */
-#define EQTYPE 1104     /* invalid type or type selector */
-#define EQLEN 1105      /* negative length or null buffer with a length */
-#define EQNODEGONE 1106 /* a node died (or its link broke) */
-#define EQNOMEM 1107    /* out of memory */
-#define EQFAIL 1108     /* the transport failed otherwise */
+/* NX error codes (errno values of the underscore forms): NX's names and
+ * meanings, with the values of the iPSC/2 <errno.h> (150 + n; they collide
+ * with no Linux errno). Returned here:
+ *   EQPBUF     null buffer with a nonzero length
+ *   EQLEN      negative length
+ *   EQMSGLONG  message longer than the receive buffer
+ *   EQPID      invalid ptype (negative, or a selector below -1)
+ *   EQNODE     node number out of range
+ *   EQTYPE     invalid type or type selector
+ *   EQMID      unknown or already released message id
+ *   EQHND      no handler given to hrecv/hsend
+ *   EQNOPROC   no process slot: nx_nfork (one process per node, fixed at start)
+ *   EQPARAM    invalid parameter (nx_initve: a size other than the job's)
+ *   EQMEM      out of memory
+ *   EQBADNODE  node not responding: a node died or its link broke
+ *   EQDRVERR   the transport failed otherwise
+ * Defined for NX sources that name them, never returned here: EQBLEN (no
+ * system buffer quota), EQTIME, EQUSEPID, EQSET, EQNOSET (ptypes need no
+ * setting up: every node has ptype 0 until setptype), EQNOMID (message ids
+ * are not limited). */
+#define EQDRVERR 150  /* internal driver error (the transport failed) */
+#define EQPBUF 151    /* invalid buffer pointer */
+#define EQBLEN 152    /* buffer length exceeds allocation */
+#define EQLEN 153     /* invalid length */
+#define EQTIME 154    /* time limit exceeded */
+#define EQMSGLONG 155 /* received message too long for buffer */
+#define EQPID 156     /* invalid pid (ptype) */
+#define EQNODE 157    /* invalid node */
+#define EQTYPE 158    /* invalid type */
+#define EQMID 159     /* invalid message id */
+#define EQHND 160     /* invalid handler */
+#define EQNOPROC 161  /* out of process slots */
+#define EQUSEPID 162  /* pid (ptype) already in use */
+#define EQPARAM 165   /* invalid parameter */
+#define EQMEM 171     /* not enough memory */
+#define EQNOMID 174   /* too many requests */
+#define EQSET 175     /* pid (ptype) already set */
+#define EQNOSET 176   /* no pid (ptype) defined */
+#define EQBADNODE 199 /* node not responding */
+/* This library's earlier names. */
+#define EQNODEGONE EQBADNODE
+#define EQNOMEM EQMEM
+#define EQFAIL EQDRVERR
 
 #define NX_FORCE_TYPE 0x40000000L /* bit 30: FORCE type */
 

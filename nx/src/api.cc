@@ -68,11 +68,10 @@ int finish_receive(request* req, long* count_out = nullptr) {
   return report_receive(rt().await_receive(req, &got), got, count_out);
 }
 
-int do_recv(long typesel, char* buf, long count, long nodesel, long ptypesel, long* info_out,
-            long* count_out = nullptr) {
+int do_recv(long typesel, char* buf, long count, long nodesel, long ptypesel, long* info_out) {
   info got;
   int e = rt().receive({space::user, typesel, nodesel, ptypesel}, buf, count, info_out, got);
-  return report_receive(e, got, count_out);
+  return report_receive(e, got, nullptr);
 }
 
 int do_irecv(long typesel, char* buf, long count, long nodesel, long ptypesel, long* info_out,
@@ -113,7 +112,7 @@ int do_isendrecv(long type, char* sbuf, long scount, long node, long ptype, long
 int do_msgwait(long mid) {
   runtime& r = rt();
   request* req = r.find(mid);
-  if (!req || req->handler || req->handlerx) return EQNOMID;
+  if (!req || req->handler || req->handlerx) return EQMID;
   if (!req->is_send) return finish_receive(req);
   int e = r.wait(req);
   r.release(req);
@@ -124,7 +123,7 @@ int do_msgwait(long mid) {
 int do_msgdone(long mid, long* done) {
   runtime& r = rt();
   request* req = r.find(mid);
-  if (!req || req->handler || req->handlerx) return EQNOMID;
+  if (!req || req->handler || req->handlerx) return EQMID;
   r.progress();
   r.run_handlers();
   *done = req->done ? 1 : 0;
@@ -141,7 +140,7 @@ int do_msgdone(long mid, long* done) {
 int do_msgcancel(long mid) {
   runtime& r = rt();
   request* req = r.find(mid);
-  if (!req) return EQNOMID;
+  if (!req) return EQMID;
   if (!r.cancel(req)) (void)r.wait(req);  // too late to withdraw: let it finish
   r.release(req);
   return 0;
@@ -150,7 +149,7 @@ int do_msgcancel(long mid) {
 int do_msgignore(long mid) {
   runtime& r = rt();
   request* req = r.find(mid);
-  if (!req) return EQNOMID;
+  if (!req) return EQMID;
   r.release(req);
   return 0;
 }
@@ -158,7 +157,8 @@ int do_msgignore(long mid) {
 int do_probe(long typesel, long nodesel, long ptypesel, long* info_out, bool block,
              long* found_out) {
   if (typesel < -1) return EQTYPE;
-  if (nodesel < -1 || nodesel >= rt().nodes()) return EQBADNODE;
+  if (nodesel < -1 || nodesel >= rt().nodes()) return EQNODE;
+  if (ptypesel < -1) return EQPID;
   bool found = false;
   info m;
   int e = rt().probe({space::user, typesel, nodesel, ptypesel}, block, found, m);
@@ -173,7 +173,7 @@ int do_probe(long typesel, long nodesel, long ptypesel, long* info_out, bool blo
 
 int do_hrecv(long typesel, char* buf, long count, long nodesel, long ptypesel, nx_handler h,
              nx_handlerx hx, long hparam, long* mid) {
-  if (!h && !hx) return EQLEN;
+  if (!h && !hx) return EQHND;
   request how;
   how.handler = h;
   how.handlerx = hx;
@@ -200,18 +200,15 @@ long _csend(long type, char* buf, long count, long node, long ptype) {
 void crecv(long typesel, char* buf, long count) {
   or_die("crecv", do_recv(typesel, buf, count, -1, -1, nullptr));
 }
+// Success returns 0, as the Paragon manual says; the length is infocount().
 long _crecv(long typesel, char* buf, long count) {
-  long n = 0;
-  int e = do_recv(typesel, buf, count, -1, -1, nullptr, &n);
-  return checked(e, n);
+  return checked(do_recv(typesel, buf, count, -1, -1, nullptr));
 }
 void crecvx(long typesel, char* buf, long count, long nodesel, long ptypesel, long info[]) {
   or_die("crecvx", do_recv(typesel, buf, count, nodesel, ptypesel, info));
 }
 long _crecvx(long typesel, char* buf, long count, long nodesel, long ptypesel, long info[]) {
-  long n = 0;
-  int e = do_recv(typesel, buf, count, nodesel, ptypesel, info, &n);
-  return checked(e, n);
+  return checked(do_recv(typesel, buf, count, nodesel, ptypesel, info));
 }
 long csendrecv(long type, char* sbuf, long scount, long node, long ptype, long typesel, char* rbuf,
                long rcount) {
@@ -389,7 +386,7 @@ void setptype(long ptype) {
   or_die("setptype", static_cast<int>(_setptype(ptype) ? errno : 0));
 }
 long _setptype(long ptype) {
-  if (ptype < 0) return checked(EQTYPE);
+  if (ptype < 0) return checked(EQPID);
   rt().ptype = ptype;
   return 0;
 }

@@ -233,6 +233,16 @@ class runtime {
 // node die, not end).
 [[noreturn]] void fatal(const char* call, int code);
 
+// A buffer argument's check: EQLEN for a negative length, EQPBUF for a null
+// buffer with a nonzero length, else 0.
+inline int check_buffer(const void* buffer, long count) {
+  if (count < 0) return EQLEN;
+  return count > 0 && !buffer ? EQPBUF : 0;
+}
+
+// The text of an NX error code (nx_perror, the plain forms' message).
+const char* describe(int code);
+
 // NX's two error conventions for a call's result code.
 // Underscore forms: `value` on success, else -1 with errno = code.
 inline long checked(int code, long value = 0) {

@@ -126,7 +126,7 @@ TEST(nx_faults, stopped_node_over_fabric_tcp_and_shm) {
 // Node 0 kills node 1 mid-stream: the job ends with an error (the launcher's
 // rule for a node killed by a signal), not a hang; what node 0 received was
 // intact; if node 0 got to ask for more before the launcher ended it, NX
-// told it EQNODEGONE.
+// told it EQBADNODE.
 TEST(nx_faults, node_killed_mid_stream_is_an_error_not_a_hang) {
   const std::string log = testing::TempDir() + "nx_killed_mid_stream.log";
   int status = run(nxrun(3, "killed_mid_stream") + " > " + log + " 2>&1", 40);
@@ -138,7 +138,7 @@ TEST(nx_faults, node_killed_mid_stream_is_an_error_not_a_hang) {
   EXPECT_NE(out.find("node 0: verified"), std::string::npos) << out;
   EXPECT_EQ(out.find("CHECK("), std::string::npos) << out;
   if (out.find("node 0: errno") != std::string::npos) {
-    EXPECT_NE(out.find("(EQNODEGONE)"), std::string::npos) << out;
+    EXPECT_NE(out.find("(EQBADNODE)"), std::string::npos) << out;
   }
   std::printf("[ faults   ] %s", out.c_str());
 }
