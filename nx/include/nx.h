@@ -39,6 +39,8 @@
 #ifndef VMMC_NX_H
 #define VMMC_NX_H
 
+#include <sys/types.h> /* pid_t */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -88,6 +90,21 @@ extern "C" {
 #define EQFAIL EQDRVERR
 
 #define NX_FORCE_TYPE 0x40000000L /* bit 30: FORCE type */
+#define FORCE_TYPE NX_FORCE_TYPE  /* Paragon's name */
+#define INVALID_PTYPE (-1L)
+#define HWHZ 10000000L /* hwclock ticks per second */
+#define HOST myhost()
+
+/* hwclock's 64-bit tick count, in two halves (Paragon's PFS type). */
+#ifndef _ESIZE_T
+#define _ESIZE_T
+typedef struct s_size {
+  long slow;  /* low 32 bits */
+  long shigh; /* high 32 bits */
+} esize_t;
+#endif
+/* nx_app_nodes' list of node numbers (malloc'ed; the caller frees it). */
+typedef long* nx_nodes_t;
 
 /* Indices into msginfo[] and info[]. */
 #define NX_INFO_TYPE 0
@@ -154,6 +171,55 @@ long mclock(void);   /* milliseconds, monotonic */
 void flick(void);    /* yields the processor (and runs handlers) */
 /* Terminates node `node` (-1: every other node); ptype is ignored. */
 void killproc(long node, long ptype);
+
+/* ---- added for old codes (issue 18) -------------------------------- */
+/* Makes mid1 stand for both operations (mid1 -1: mid2 alone); msgwait,
+ * msgdone, msgcancel and msgignore on it act on all of them. Returns it. */
+long msgmerge(long mid1, long mid2);
+/* Sends; when `buf` may be reused, `handler` runs (as hrecv's do) with the
+ * message's type, count, node and ptype. No mid: the handler owns it. */
+void hsend(long type, char* buf, long count, long node, long ptype, nx_handler handler);
+void hsendx(long type, char* buf, long count, long node, long ptype, nx_handlerx handler,
+            long hparam);
+/* Sends, and posts a handler receive for the reply (typesel into rbuf). */
+void hsendrecv(long type, char* sbuf, long scount, long node, long ptype, long typesel, char* rbuf,
+               long rcount, nx_handler handler);
+/* Sends the message to each of nodes[0..nodecount-1]. */
+void gsendx(long type, char* buf, long count, long nodes[], long nodecount);
+/* Discards the selected messages that have arrived (not those to come). */
+void flushmsg(long typesel, long nodesel, long ptypesel);
+/* Prints `s: ` and the text of errno (NX codes included) to stderr. */
+void nx_perror(const char* s);
+
+/* Process management. The launcher made the job: nx_initve joins it and
+ * returns numnodes() (size 0, or the job's size; another size fails with
+ * EQPARAM); partition, account, argc and argv are not used. nx_nfork fails
+ * with EQNOPROC (one process per node, fixed at start). nx_app_nodes (app 0
+ * or getpid(): this job) gives the node numbers 0..N-1; nx_app_rect and
+ * mypart give 1 row of numnodes() columns. These return -1 and set errno. */
+long nx_initve(char* partition, long size, char* account, int* argc, char** argv);
+long nx_initve_rect(char* partition, long anchor, long rows, long cols, char* account, int* argc,
+                    char** argv);
+long nx_nfork(long node_list[], long list_size, long ptype, long pid_list[]);
+long nx_app_nodes(pid_t app, nx_nodes_t* node_list, unsigned long* list_size);
+long nx_app_rect(long* rows, long* cols);
+long mypart(long* rows, long* cols);
+/* There is no host (controlling) process: myhost() is numnodes(), a node
+ * number no node has, so sends to it fail with EQNODE. */
+long myhost(void);
+/* iPSC: the process id is the ptype; nodedim is log2 numnodes() rounded up;
+ * gray/ginv the binary-reflected Gray code and its inverse; killcube is
+ * killproc. */
+long mypid(void);
+long infopid(void);
+long nodedim(void);
+long gray(long i);
+long ginv(long g);
+void killcube(long node, long pid);
+/* The front-panel LED: there is none; the call does nothing. */
+void led(long state);
+/* The time in HWHZ (10 MHz) ticks, monotonic. */
+void hwclock(esize_t* time);
 
 /* ---- collectives (every node calls them in the same order) -------- */
 void gsync(void);
@@ -226,6 +292,35 @@ long _glor(long x[], long n, long work[]);
 long _gopf(char* x, long xlen, char* work, nx_combine function);
 long _gcol(char* x, long xlen, char* y, long ylen, long* ncnt);
 long _gcolx(char* x, long xlens[], char* y);
+long _msgmerge(long mid1, long mid2);
+long _hsend(long type, char* buf, long count, long node, long ptype, nx_handler handler);
+long _hsendx(long type, char* buf, long count, long node, long ptype, nx_handlerx handler,
+             long hparam);
+long _hsendrecv(long type, char* sbuf, long scount, long node, long ptype, long typesel, char* rbuf,
+                long rcount, nx_handler handler);
+long _gsendx(long type, char* buf, long count, long nodes[], long nodecount);
+long _flushmsg(long typesel, long nodesel, long ptypesel);
+long _hwclock(esize_t* time);
+long _led(long state);
+long _killcube(long node, long pid);
+/* These cannot fail once the node has started; they return what the plain
+ * form returns. */
+long _mynode(void);
+long _numnodes(void);
+long _myptype(void);
+long _myhost(void);
+long _infocount(void);
+long _infonode(void);
+long _infotype(void);
+long _infoptype(void);
+long _infopid(void);
+long _masktrap(long state);
+long _flick(void);
+long _mclock(void);
+double _dclock(void);
+long _nodedim(void);
+long _gray(long i);
+long _ginv(long g);
 
 #ifdef __cplusplus
 }

@@ -491,7 +491,19 @@ int runtime::write_failed(peer& p, std::error_code error) {
 void runtime::sent_one(request* owner) {
   if (--owner->sends_left > 0) return;
   owner->done = true;
-  if (owner->released) recycle(owner);
+  if (owner->handler || owner->handlerx)
+    handlers_due_.push_back(owner);
+  else if (owner->released)
+    recycle(owner);
+}
+
+void runtime::notify_sent(request* r, const request& how, const info& what) {
+  r->handler = how.handler;
+  r->handlerx = how.handlerx;
+  r->hparam = how.hparam;
+  r->got = what;
+  r->released = true;  // the handler owns completion: no msgwait
+  if (r->done) handlers_due_.push_back(r);
 }
 
 // ---------------------------------------------------------------- receiving
@@ -744,6 +756,7 @@ void runtime::deliver_local(space where, long type, const std::byte* data, std::
 
 int runtime::probe(const selector& sel, bool block, bool& found, info& out) {
   found = false;
+  if (int e = check_receive(sel, nullptr, 0)) return e;
   auto look = [&] {
     for (const arrival& a : arrivals_) {
       if (sel.matches(a.where, a.what)) {

@@ -114,6 +114,9 @@ class runtime {
   int wait(request* r);
   // Looks for an arrived message; with `block`, waits for one.
   int probe(const selector& sel, bool block, bool& found, info& out);
+  // hsend: once send request `r` is done (now, if it is), `how`'s handler
+  // runs with `what` (the sent message); r is freed after it.
+  void notify_sent(request* r, const request& how, const info& what);
   // Withdraws an unmatched receive / an unstarted send; false if too late.
   bool cancel(request* r);
   // After a failed wait, when the receive's buffer is about to go away: the

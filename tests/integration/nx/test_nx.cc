@@ -21,10 +21,14 @@ std::string nxrun(int nodes, const std::string& suite) {
   return std::string(NXRUN) + " -n " + std::to_string(nodes) + " " + NX_CASES + " " + suite;
 }
 
-std::string mpirun(int nodes, const std::string& suite) {
+std::string mpirun_program(int nodes, const std::string& program) {
   return "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
          "mpirun --oversubscribe -n " +
-         std::to_string(nodes) + " " + NX_CASES + " " + suite;
+         std::to_string(nodes) + " " + program;
+}
+
+std::string mpirun(int nodes, const std::string& suite) {
+  return mpirun_program(nodes, std::string(NX_CASES) + " " + suite);
 }
 
 }  // namespace
@@ -93,6 +97,18 @@ TEST(nx_nxrun, killproc_ends_the_job_with_an_error) {
 
 TEST(nx_nxrun, program_that_cannot_start) {
   EXPECT_NE(run(std::string(NXRUN) + " -n 2 /nonexistent/program"), 0);
+}
+
+// ---- Issue 18 (integration.nx.calls): the added calls, NX's error codes
+// and return values, from C (nx_calls), under both launchers.
+
+TEST(nx_calls, c_program_under_nxrun_2_and_3_nodes) {
+  for (int n : {2, 3})
+    EXPECT_EQ(run(std::string(NXRUN) + " -n " + std::to_string(n) + " " + NX_CALLS, 20), 0) << n;
+}
+
+TEST(nx_calls, c_program_under_mpirun_3_nodes) {
+  EXPECT_EQ(run(mpirun_program(3, NX_CALLS), 30), 0);
 }
 
 TEST(nx_mpirun, point_to_point_and_collectives_4_nodes) {
