@@ -111,6 +111,19 @@ TEST(nx_calls, c_program_under_mpirun_3_nodes) {
   EXPECT_EQ(run(mpirun_program(3, NX_CALLS), 30), 0);
 }
 
+#ifdef NX_FORTRAN
+// integration.nx.fortran: the same Fortran program with gfortran's names
+// (libvmmc_nx) and without the underscore (libvmmc_nx_fortran_plain).
+TEST(nx_fortran, gfortran_program_under_nxrun) {
+  EXPECT_EQ(run(std::string(NXRUN) + " -n 3 " + NX_FORTRAN, 20), 0);
+  EXPECT_EQ(run(std::string(NXRUN) + " -n 2 " + NX_FORTRAN_PLAIN, 20), 0);
+}
+
+TEST(nx_fortran, gfortran_program_under_mpirun) {
+  EXPECT_EQ(run(mpirun_program(3, NX_FORTRAN), 30), 0);
+}
+#endif
+
 TEST(nx_mpirun, point_to_point_and_collectives_4_nodes) {
   EXPECT_EQ(run(mpirun(4, "p2p")), 0);
   EXPECT_EQ(run(mpirun(4, "collectives")), 0);
