@@ -10,7 +10,7 @@
       integer hrecv, hrecvx, masktrap
       integer mynode, numnodes, myptype, mypid, myhost, mclock
       integer nodedim, gray, ginv, nx_app_rect, mypart
-      integer nx_initve, nx_nfork
+      integer nx_initve, nx_initve_rect, nx_nfork
       double precision dclock
       external csendrecv, isend, irecv, irecvx, isendrecv
       external msgdone, msgmerge, iprobe, iprobex
@@ -18,7 +18,7 @@
       external hrecv, hrecvx, masktrap
       external mynode, numnodes, myptype, mypid, myhost, mclock
       external nodedim, gray, ginv, nx_app_rect, mypart
-      external nx_initve, nx_nfork, dclock
+      external nx_initve, nx_initve_rect, nx_nfork, dclock
       integer FORCE_TYPE, INVALID_PTYPE
       parameter (FORCE_TYPE = 1073741824, INVALID_PTYPE = -1)
       integer NX_INFO_TYPE, NX_INFO_COUNT, NX_INFO_NODE, NX_INFO_PTYPE

@@ -4,7 +4,6 @@
 #include <sched.h>
 #include <signal.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>

@@ -293,6 +293,12 @@ NX_FORTRAN(f_int, nx_initve, (const char* partition, in size, const char* accoun
   (void)partition, (void)account;
   return static_cast<f_int>(nx_initve(nullptr, *size, nullptr, nullptr, nullptr));
 }
+NX_FORTRAN(f_int, nx_initve_rect,
+           (const char* partition, in anchor, in rows, in cols, const char* account)) {
+  (void)partition, (void)account;
+  return static_cast<f_int>(
+      nx_initve_rect(nullptr, *anchor, *rows, *cols, nullptr, nullptr, nullptr));
+}
 NX_FORTRAN(f_int, nx_nfork, (f_int * node_list, in list_size, in ptype, f_int* pid_list)) {
   (void)node_list, (void)pid_list;
   return static_cast<f_int>(nx_nfork(nullptr, *list_size, *ptype, nullptr));

@@ -131,6 +131,8 @@ program nx_fortran
 
   call check(myhost() == n .and. mypid() == myptype() .and. ginv(gray(9)) == 9, 'environment')
   call check(dclock() > 0d0, 'dclock')
+  call check(nx_initve(' ', 0, ' ') == n .and. nx_initve_rect(' ', 0, 1, n, ' ') == n, 'nx_initve')
+  call check(mypart(counts(1), counts(2)) == 0 .and. counts(1) * counts(2) == n, 'mypart')
   call gsync()
   if (me == 0) print '(a, i0, a)', 'nx_fortran: ', n, ' nodes ok'
 
