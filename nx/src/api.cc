@@ -159,7 +159,10 @@ int do_msgdone(long mid, long* done) {
   auto group = merged.find(mid);
   bool all = waitable(mid)->done;
   if (group != merged.end())
-    for (long m : group->second) all = all && r.find(m) && r.find(m)->done;
+    for (long m : group->second) {
+      const request* member = r.find(m);  // none: released on its own, nothing to wait for
+      all = all && (!member || member->done);
+    }
   *done = all ? 1 : 0;
   if (!all) {
     ::sched_yield();  // callers spin on msgdone; let the sender run
@@ -307,7 +310,7 @@ long _csend(long type, char* buf, long count, long node, long ptype) {
 void crecv(long typesel, char* buf, long count) {
   or_die("crecv", do_recv(typesel, buf, count, -1, -1, nullptr));
 }
-// Success returns 0, as the Paragon manual says; the length is infocount().
+// Success returns 0 (README says why); the length is infocount().
 long _crecv(long typesel, char* buf, long count) {
   return checked(do_recv(typesel, buf, count, -1, -1, nullptr));
 }

@@ -16,6 +16,7 @@
 
 namespace {
 
+using vmmc::nx::detail::check_buffer;
 using vmmc::nx::detail::checked;
 using vmmc::nx::detail::or_die;
 using vmmc::nx::detail::request;
@@ -77,7 +78,7 @@ int all_reduce(void* x, std::size_t bytes, Combine combine) {
 
 template <class T, class Op>
 int reduce(T* x, long count, Op op) {
-  if (int e = vmmc::nx::detail::check_buffer(x, count)) return e;
+  if (int e = check_buffer(x, count)) return e;
   return all_reduce(x, sizeof(T) * static_cast<std::size_t>(count), [&](char* acc, char* in) {
     T* a = reinterpret_cast<T*>(acc);
     const T* b = reinterpret_cast<const T*>(in);
@@ -89,8 +90,8 @@ int reduce(T* x, long count, Op op) {
 // to everyone. `lengths` known on every node (gcolx) or learnt (gcol).
 int collect(const char* x, long xlen, char* y, long ylen, long* total_out) {
   runtime& r = runtime::instance();
-  if (int e = vmmc::nx::detail::check_buffer(x, xlen)) return e;
-  if (int e = vmmc::nx::detail::check_buffer(y, ylen)) return e;
+  if (int e = check_buffer(x, xlen)) return e;
+  if (int e = check_buffer(y, ylen)) return e;
   const long n = r.nodes(), me = r.node(), tag = r.next_collective();
   if (me != 0) {
     if (int e = send_internal(r, tag, 0, x, static_cast<std::size_t>(xlen))) return e;
@@ -141,7 +142,7 @@ int sync_all() {
 
 int opf(char* x, long xlen, nx_combine f) {
   if (!f) return EQPARAM;
-  if (int e = vmmc::nx::detail::check_buffer(x, xlen)) return e;
+  if (int e = check_buffer(x, xlen)) return e;
   return all_reduce(x, static_cast<std::size_t>(xlen), [f](char* acc, char* in) { f(acc, in); });
 }
 
