@@ -6,6 +6,10 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <unordered_map>
+#include <vector>
 
 #include "nx.h"
 #include "runtime.h"
@@ -68,11 +72,10 @@ int finish_receive(request* req, long* count_out = nullptr) {
   return report_receive(rt().await_receive(req, &got), got, count_out);
 }
 
-int do_recv(long typesel, char* buf, long count, long nodesel, long ptypesel, long* info_out,
-            long* count_out = nullptr) {
+int do_recv(long typesel, char* buf, long count, long nodesel, long ptypesel, long* info_out) {
   info got;
   int e = rt().receive({space::user, typesel, nodesel, ptypesel}, buf, count, info_out, got);
-  return report_receive(e, got, count_out);
+  return report_receive(e, got, nullptr);
 }
 
 int do_irecv(long typesel, char* buf, long count, long nodesel, long ptypesel, long* info_out,
@@ -110,55 +113,108 @@ int do_isendrecv(long type, char* sbuf, long scount, long node, long ptype, long
   return 0;
 }
 
+// msgmerge: a mid that stands for others too (its members, in merge order).
+std::unordered_map<long, std::vector<long>> merged;
+
+// The mid and its members, taken out of `merged`.
+std::vector<long> take_group(long mid) {
+  std::vector<long> group{mid};
+  if (auto it = merged.find(mid); it != merged.end()) {
+    group.insert(group.end(), it->second.begin(), it->second.end());
+    merged.erase(it);
+  }
+  return group;
+}
+
+// A mid msgwait/msgdone may wait on (not a handler's).
+request* waitable(long mid) {
+  request* req = rt().find(mid);
+  return req && !req->handler && !req->handlerx ? req : nullptr;
+}
+
 int do_msgwait(long mid) {
   runtime& r = rt();
-  request* req = r.find(mid);
-  if (!req || req->handler || req->handlerx) return EQNOMID;
-  if (!req->is_send) return finish_receive(req);
-  int e = r.wait(req);
-  r.release(req);
-  r.run_handlers();
-  return e;
+  if (!waitable(mid)) return EQMID;
+  int first = 0;
+  for (long m : take_group(mid)) {
+    request* req = r.find(m);
+    int e = EQMID;
+    if (req && !req->is_send) {
+      e = finish_receive(req);
+    } else if (req) {
+      e = r.wait(req);
+      r.release(req);
+      r.run_handlers();
+    }
+    if (!first) first = e;
+  }
+  return first;
 }
 
 int do_msgdone(long mid, long* done) {
   runtime& r = rt();
-  request* req = r.find(mid);
-  if (!req || req->handler || req->handlerx) return EQNOMID;
+  if (!waitable(mid)) return EQMID;
   r.progress();
   r.run_handlers();
-  *done = req->done ? 1 : 0;
-  if (!req->done) {
+  auto group = merged.find(mid);
+  bool all = waitable(mid)->done;
+  if (group != merged.end())
+    for (long m : group->second) {
+      const request* member = r.find(m);  // none: released on its own, nothing to wait for
+      all = all && (!member || member->done);
+    }
+  *done = all ? 1 : 0;
+  if (!all) {
     ::sched_yield();  // callers spin on msgdone; let the sender run
     return 0;
   }
-  if (!req->is_send) set_msginfo(req->got);
-  int e = req->error;
-  r.release(req);
-  return e;
+  int first = 0;
+  for (long m : take_group(mid)) {
+    request* req = r.find(m);
+    if (!req) continue;
+    if (!req->is_send) set_msginfo(req->got);
+    if (!first) first = req->error;
+    r.release(req);
+  }
+  return first;
 }
 
 int do_msgcancel(long mid) {
   runtime& r = rt();
-  request* req = r.find(mid);
-  if (!req) return EQNOMID;
-  if (!r.cancel(req)) (void)r.wait(req);  // too late to withdraw: let it finish
-  r.release(req);
+  if (!r.find(mid)) return EQMID;
+  for (long m : take_group(mid)) {
+    request* req = r.find(m);
+    if (!req) continue;
+    if (!r.cancel(req)) (void)r.wait(req);  // too late to withdraw: let it finish
+    r.release(req);
+  }
   return 0;
 }
 
 int do_msgignore(long mid) {
   runtime& r = rt();
-  request* req = r.find(mid);
-  if (!req) return EQNOMID;
-  r.release(req);
+  if (!r.find(mid)) return EQMID;
+  for (long m : take_group(mid))
+    if (request* req = r.find(m)) r.release(req);
+  return 0;
+}
+
+// Paragon's msgmerge: mid1 then stands for both (-1 for mid1: mid2 alone).
+int do_msgmerge(long mid1, long mid2, long* out) {
+  if (!waitable(mid2) || (mid1 != -1 && !waitable(mid1))) return EQMID;
+  if (mid1 == -1 || mid1 == mid2) {
+    *out = mid2;
+    return 0;
+  }
+  std::vector<long> joining = take_group(mid2);
+  std::vector<long>& group = merged[mid1];
+  group.insert(group.end(), joining.begin(), joining.end());
+  *out = mid1;
   return 0;
 }
 
 int do_probe(long typesel, long nodesel, long ptypesel, long* info_out, bool block,
              long* found_out) {
-  if (typesel < -1) return EQTYPE;
-  if (nodesel < -1 || nodesel >= rt().nodes()) return EQBADNODE;
   bool found = false;
   info m;
   int e = rt().probe({space::user, typesel, nodesel, ptypesel}, block, found, m);
@@ -173,7 +229,7 @@ int do_probe(long typesel, long nodesel, long ptypesel, long* info_out, bool blo
 
 int do_hrecv(long typesel, char* buf, long count, long nodesel, long ptypesel, nx_handler h,
              nx_handlerx hx, long hparam, long* mid) {
-  if (!h && !hx) return EQLEN;
+  if (!h && !hx) return EQHND;
   request how;
   how.handler = h;
   how.handlerx = hx;
@@ -183,6 +239,60 @@ int do_hrecv(long typesel, char* buf, long count, long nodesel, long ptypesel, n
   *mid = req->mid;
   rt().run_handlers();
   return 0;
+}
+
+// hsend/hsendx: sends; the handler runs with the sent message's type,
+// count, node and ptype once the buffer may be reused.
+int do_hsend(long type, char* buf, long count, long node, nx_handler h, nx_handlerx hx,
+             long hparam) {
+  if (!h && !hx) return EQHND;
+  runtime& r = rt();
+  request* req = nullptr;
+  if (int e = r.send(space::user, type, buf, count, node, &req)) return e;
+  request how;
+  how.handler = h;
+  how.handlerx = hx;
+  how.hparam = hparam;
+  r.notify_sent(req, how, {type, count, node, r.ptype});
+  r.run_handlers();
+  return 0;
+}
+
+// hsendrecv: sends, and the handler runs when the reply is in rbuf.
+int do_hsendrecv(long type, char* sbuf, long scount, long node, long typesel, char* rbuf,
+                 long rcount, nx_handler h) {
+  long mid = 0;
+  if (int e = do_hrecv(typesel, rbuf, rcount, -1, -1, h, nullptr, 0, &mid)) return e;
+  if (int e = rt().send(space::user, type, sbuf, scount, node, nullptr)) {
+    (void)do_msgcancel(mid);
+    return e;
+  }
+  rt().run_handlers();
+  return 0;
+}
+
+// gsendx: one message to each node of a list.
+int do_gsendx(long type, char* buf, long count, const long nodes[], long nodecount) {
+  if (nodecount < 0 || (nodecount > 0 && !nodes)) return EQPARAM;
+  for (long i = 0; i < nodecount; ++i)
+    if (nodes[i] < 0 || nodes[i] >= rt().nodes()) return EQNODE;
+  for (long i = 0; i < nodecount; ++i)
+    if (int e = do_send(type, buf, count, nodes[i], 0, nullptr)) return e;
+  return 0;
+}
+
+// flushmsg: discards the selected messages that have arrived (msginfo and
+// info[] are left alone).
+int do_flushmsg(long typesel, long nodesel, long ptypesel) {
+  const selector sel{space::user, typesel, nodesel, ptypesel};
+  for (;;) {
+    bool found = false;
+    info m;
+    if (int e = rt().probe(sel, false, found, m)) return e;
+    if (!found) return 0;
+    int e = rt().receive(sel, nullptr, 0, nullptr, m);  // the payload goes nowhere
+    if (e && e != EQMSGLONG) return e;
+  }
 }
 
 }  // namespace
@@ -200,18 +310,15 @@ long _csend(long type, char* buf, long count, long node, long ptype) {
 void crecv(long typesel, char* buf, long count) {
   or_die("crecv", do_recv(typesel, buf, count, -1, -1, nullptr));
 }
+// Success returns 0 (README says why); the length is infocount().
 long _crecv(long typesel, char* buf, long count) {
-  long n = 0;
-  int e = do_recv(typesel, buf, count, -1, -1, nullptr, &n);
-  return checked(e, n);
+  return checked(do_recv(typesel, buf, count, -1, -1, nullptr));
 }
 void crecvx(long typesel, char* buf, long count, long nodesel, long ptypesel, long info[]) {
   or_die("crecvx", do_recv(typesel, buf, count, nodesel, ptypesel, info));
 }
 long _crecvx(long typesel, char* buf, long count, long nodesel, long ptypesel, long info[]) {
-  long n = 0;
-  int e = do_recv(typesel, buf, count, nodesel, ptypesel, info, &n);
-  return checked(e, n);
+  return checked(do_recv(typesel, buf, count, nodesel, ptypesel, info));
 }
 long csendrecv(long type, char* sbuf, long scount, long node, long ptype, long typesel, char* rbuf,
                long rcount) {
@@ -389,7 +496,7 @@ void setptype(long ptype) {
   or_die("setptype", static_cast<int>(_setptype(ptype) ? errno : 0));
 }
 long _setptype(long ptype) {
-  if (ptype < 0) return checked(EQTYPE);
+  if (ptype < 0) return checked(EQPID);
   rt().ptype = ptype;
   return 0;
 }
@@ -414,6 +521,122 @@ void killproc(long node, long ptype) {
 long _killproc(long node, long ptype) {
   (void)ptype;
   return checked(rt().kill_node(node));
+}
+
+// ---------------------------------------------------------------- added for old codes
+
+long msgmerge(long mid1, long mid2) {
+  long mid = -1;
+  int e = do_msgmerge(mid1, mid2, &mid);
+  return or_die("msgmerge", e, mid);
+}
+long _msgmerge(long mid1, long mid2) {
+  long mid = -1;
+  int e = do_msgmerge(mid1, mid2, &mid);
+  return checked(e, mid);
+}
+void hsend(long type, char* buf, long count, long node, long ptype, nx_handler handler) {
+  (void)ptype;
+  or_die("hsend", do_hsend(type, buf, count, node, handler, nullptr, 0));
+}
+long _hsend(long type, char* buf, long count, long node, long ptype, nx_handler handler) {
+  (void)ptype;
+  return checked(do_hsend(type, buf, count, node, handler, nullptr, 0));
+}
+void hsendx(long type, char* buf, long count, long node, long ptype, nx_handlerx handler,
+            long hparam) {
+  (void)ptype;
+  or_die("hsendx", do_hsend(type, buf, count, node, nullptr, handler, hparam));
+}
+long _hsendx(long type, char* buf, long count, long node, long ptype, nx_handlerx handler,
+             long hparam) {
+  (void)ptype;
+  return checked(do_hsend(type, buf, count, node, nullptr, handler, hparam));
+}
+void hsendrecv(long type, char* sbuf, long scount, long node, long ptype, long typesel, char* rbuf,
+               long rcount, nx_handler handler) {
+  (void)ptype;
+  or_die("hsendrecv", do_hsendrecv(type, sbuf, scount, node, typesel, rbuf, rcount, handler));
+}
+long _hsendrecv(long type, char* sbuf, long scount, long node, long ptype, long typesel, char* rbuf,
+                long rcount, nx_handler handler) {
+  (void)ptype;
+  return checked(do_hsendrecv(type, sbuf, scount, node, typesel, rbuf, rcount, handler));
+}
+void gsendx(long type, char* buf, long count, long nodes[], long nodecount) {
+  or_die("gsendx", do_gsendx(type, buf, count, nodes, nodecount));
+}
+long _gsendx(long type, char* buf, long count, long nodes[], long nodecount) {
+  return checked(do_gsendx(type, buf, count, nodes, nodecount));
+}
+void flushmsg(long typesel, long nodesel, long ptypesel) {
+  or_die("flushmsg", do_flushmsg(typesel, nodesel, ptypesel));
+}
+long _flushmsg(long typesel, long nodesel, long ptypesel) {
+  return checked(do_flushmsg(typesel, nodesel, ptypesel));
+}
+void nx_perror(const char* s) {
+  const int e = errno;
+  const char* text =
+      e >= EQDRVERR && e <= EQBADNODE ? vmmc::nx::detail::describe(e) : std::strerror(e);
+  if (s && *s)
+    std::fprintf(stderr, "%s: %s\n", s, text);
+  else
+    std::fprintf(stderr, "%s\n", text);
+}
+
+// Underscore forms of the calls that cannot fail once the node has started
+// (a node that cannot start exits, as in every call).
+long _mynode(void) {
+  return mynode();
+}
+long _numnodes(void) {
+  return numnodes();
+}
+long _myptype(void) {
+  return myptype();
+}
+long _infocount(void) {
+  return infocount();
+}
+long _infonode(void) {
+  return infonode();
+}
+long _infotype(void) {
+  return infotype();
+}
+long _infoptype(void) {
+  return infoptype();
+}
+long _masktrap(long state) {
+  return masktrap(state);
+}
+long _flick(void) {
+  flick();
+  return 0;
+}
+double _dclock(void) {
+  return dclock();
+}
+long _mclock(void) {
+  return mclock();
+}
+
+// iPSC names: the process id is the ptype.
+long mypid(void) {
+  return myptype();
+}
+long infopid(void) {
+  return infoptype();
+}
+long _infopid(void) {
+  return infoptype();
+}
+void killcube(long node, long pid) {
+  killproc(node, pid);
+}
+long _killcube(long node, long pid) {
+  return _killproc(node, pid);
 }
 
 }  // extern "C"

@@ -16,6 +16,7 @@
 
 namespace {
 
+using vmmc::nx::detail::check_buffer;
 using vmmc::nx::detail::checked;
 using vmmc::nx::detail::or_die;
 using vmmc::nx::detail::request;
@@ -77,7 +78,7 @@ int all_reduce(void* x, std::size_t bytes, Combine combine) {
 
 template <class T, class Op>
 int reduce(T* x, long count, Op op) {
-  if (count < 0 || (count > 0 && !x)) return EQLEN;
+  if (int e = check_buffer(x, count)) return e;
   return all_reduce(x, sizeof(T) * static_cast<std::size_t>(count), [&](char* acc, char* in) {
     T* a = reinterpret_cast<T*>(acc);
     const T* b = reinterpret_cast<const T*>(in);
@@ -89,7 +90,8 @@ int reduce(T* x, long count, Op op) {
 // to everyone. `lengths` known on every node (gcolx) or learnt (gcol).
 int collect(const char* x, long xlen, char* y, long ylen, long* total_out) {
   runtime& r = runtime::instance();
-  if (xlen < 0 || (xlen > 0 && !x) || ylen < 0 || (ylen > 0 && !y)) return EQLEN;
+  if (int e = check_buffer(x, xlen)) return e;
+  if (int e = check_buffer(y, ylen)) return e;
   const long n = r.nodes(), me = r.node(), tag = r.next_collective();
   if (me != 0) {
     if (int e = send_internal(r, tag, 0, x, static_cast<std::size_t>(xlen))) return e;
@@ -139,12 +141,13 @@ int sync_all() {
 }
 
 int opf(char* x, long xlen, nx_combine f) {
-  if (xlen < 0 || (xlen > 0 && !x) || !f) return EQLEN;
+  if (!f) return EQPARAM;
+  if (int e = check_buffer(x, xlen)) return e;
   return all_reduce(x, static_cast<std::size_t>(xlen), [f](char* acc, char* in) { f(acc, in); });
 }
 
 int colx(char* x, long xlens[], char* y) {
-  if (!xlens) return EQLEN;
+  if (!xlens) return EQPBUF;
   runtime& r = runtime::instance();
   long total = 0;
   for (long i = 0; i < r.nodes(); ++i) total += xlens[i];

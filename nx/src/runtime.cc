@@ -65,34 +65,58 @@ inline void cpu_relax() {
 #endif
 }
 
+}  // namespace
+
 const char* describe(int code) {
   switch (code) {
+    case EQDRVERR:
+      return "transport failure";
+    case EQPBUF:
+      return "invalid buffer pointer";
+    case EQBLEN:
+      return "buffer length exceeds allocation";
+    case EQLEN:
+      return "invalid length";
+    case EQTIME:
+      return "time limit exceeded";
     case EQMSGLONG:
       return "message longer than the receive buffer";
-    case EQNOMID:
-      return "unknown message id";
-    case EQBADNODE:
-      return "node number out of range";
+    case EQPID:
+      return "invalid ptype";
+    case EQNODE:
+      return "invalid node number";
     case EQTYPE:
       return "invalid message type";
-    case EQLEN:
-      return "invalid length or buffer";
-    case EQNODEGONE:
-      return "a node died";
-    case EQNOMEM:
-      return "out of memory";
+    case EQMID:
+      return "invalid message id";
+    case EQHND:
+      return "invalid handler";
+    case EQNOPROC:
+      return "no process slot";
+    case EQUSEPID:
+      return "ptype already in use";
+    case EQPARAM:
+      return "invalid parameter";
+    case EQMEM:
+      return "not enough memory";
+    case EQNOMID:
+      return "too many requests";
+    case EQSET:
+      return "ptype already set";
+    case EQNOSET:
+      return "no ptype defined";
+    case EQBADNODE:
+      return "node not responding (it died or its link broke)";
     default:
-      return "transport failure";
+      return "unknown error";
   }
 }
-
-}  // namespace
 
 [[noreturn]] void fatal(const char* call, int code) {
   runtime* rt = runtime::current();
   long node = rt ? rt->node() : -1L;
   long peer = rt ? rt->failed_node() : -1L;
-  if (peer >= 0 && (code == EQNODEGONE || code == EQFAIL))
+  if (peer >= 0 && (code == EQBADNODE || code == EQDRVERR))
     std::fprintf(stderr, "nx: node %ld: %s: %s (node %ld)\n", node, call, describe(code), peer);
   else
     std::fprintf(stderr, "nx: node %ld: %s: %s\n", node, call, describe(code));
@@ -344,7 +368,7 @@ void runtime::abandon(request* r) {
     p.destination = nullptr;
     p.destination_left = 0;
     r->done = true;
-    r->error = EQFAIL;
+    r->error = EQDRVERR;
   }
 }
 
@@ -353,8 +377,8 @@ void runtime::abandon(request* r) {
 int runtime::send(space where, long type, const void* data, long count, long node,
                   request** async) {
   if (type < 0 || type > wire::max_type) return EQTYPE;
-  if (count < 0 || (count > 0 && !data)) return EQLEN;
-  if (node < -1 || node >= nodes_) return EQBADNODE;
+  if (int e = check_buffer(data, count)) return e;
+  if (node < -1 || node >= nodes_) return EQNODE;
   if (failure_) return failure_;
   auto bytes = static_cast<const std::byte*>(data);
   auto length = static_cast<std::size_t>(count);
@@ -461,21 +485,34 @@ int runtime::write_failed(peer& p, std::error_code error) {
     return 0;
   }
   failed_node_ = &p - peers_.data();
-  return failure_ = error == errc::peer_gone ? EQNODEGONE : EQFAIL;
+  return failure_ = error == errc::peer_gone ? EQBADNODE : EQDRVERR;
 }
 
 void runtime::sent_one(request* owner) {
   if (--owner->sends_left > 0) return;
   owner->done = true;
-  if (owner->released) recycle(owner);
+  if (owner->handler || owner->handlerx)
+    handlers_due_.push_back(owner);
+  else if (owner->released)
+    recycle(owner);
+}
+
+void runtime::notify_sent(request* r, const request& how, const info& what) {
+  r->handler = how.handler;
+  r->handlerx = how.handlerx;
+  r->hparam = how.hparam;
+  r->got = what;
+  r->released = true;  // the handler owns completion: no msgwait
+  if (r->done) handlers_due_.push_back(r);
 }
 
 // ---------------------------------------------------------------- receiving
 
 int runtime::check_receive(const selector& sel, const void* buffer, long count) const {
   if (sel.type < -1 || sel.type > 0x7fffffffL) return EQTYPE;
-  if (count < 0 || (count > 0 && !buffer)) return EQLEN;
-  if (sel.node < -1 || sel.node >= nodes_) return EQBADNODE;
+  if (int e = check_buffer(buffer, count)) return e;
+  if (sel.node < -1 || sel.node >= nodes_) return EQNODE;
+  if (sel.ptype < -1) return EQPID;
   return 0;
 }
 
@@ -553,7 +590,7 @@ void runtime::drain(long from) {
       std::memcpy(&h, p.header, header_bytes);
       if (!wire::valid(h)) {
         failed_node_ = from;
-        failure_ = EQFAIL;
+        failure_ = EQDRVERR;
         return;
       }
       if (h.sequence != p.expected) return;  // a mailbox message comes first
@@ -632,7 +669,7 @@ inline const wire::mailbox_slot* runtime::next_mail(long from) {
   const wire::header& h = slot->h;
   if (!wire::valid_in_mailbox(h)) {
     failed_node_ = from;
-    failure_ = EQFAIL;
+    failure_ = EQDRVERR;
     return nullptr;
   }
   return slot;
@@ -719,6 +756,7 @@ void runtime::deliver_local(space where, long type, const std::byte* data, std::
 
 int runtime::probe(const selector& sel, bool block, bool& found, info& out) {
   found = false;
+  if (int e = check_receive(sel, nullptr, 0)) return e;
   auto look = [&] {
     for (const arrival& a : arrivals_) {
       if (sel.matches(a.where, a.what)) {
@@ -865,7 +903,7 @@ void runtime::check_peers() {
       drained = true;
     }
     failed_node_ = j;
-    failure_ = EQNODEGONE;
+    failure_ = EQBADNODE;
     std::fprintf(stderr, "nx: node %ld: node %ld died\n", node_, j);
   }
 }
@@ -896,11 +934,11 @@ long runtime::mask(long state) {
 }
 
 int runtime::kill_node(long node) {
-  if (node < -1 || node >= nodes_) return EQBADNODE;
+  if (node < -1 || node >= nodes_) return EQNODE;
   for (long j = 0; j < nodes_; ++j) {
     if (j == node_ || (node != -1 && j != node)) continue;
     peer& p = peers_[static_cast<std::size_t>(j)];
-    if (p.remote || ::kill(p.pid, SIGKILL) != 0) return EQFAIL;
+    if (p.remote || ::kill(p.pid, SIGKILL) != 0) return EQDRVERR;
     p.closed = true;  // an end we asked for, not a failure
   }
   return 0;

@@ -114,6 +114,9 @@ class runtime {
   int wait(request* r);
   // Looks for an arrived message; with `block`, waits for one.
   int probe(const selector& sel, bool block, bool& found, info& out);
+  // hsend: once send request `r` is done (now, if it is), `how`'s handler
+  // runs with `what` (the sent message); r is freed after it.
+  void notify_sent(request* r, const request& how, const info& what);
   // Withdraws an unmatched receive / an unstarted send; false if too late.
   bool cancel(request* r);
   // After a failed wait, when the receive's buffer is about to go away: the
@@ -232,6 +235,16 @@ class runtime {
 // Prints "nx: <call>: <reason>" and exits with status 1 (peers see this
 // node die, not end).
 [[noreturn]] void fatal(const char* call, int code);
+
+// A buffer argument's check: EQLEN for a negative length, EQPBUF for a null
+// buffer with a nonzero length, else 0.
+inline int check_buffer(const void* buffer, long count) {
+  if (count < 0) return EQLEN;
+  return count > 0 && !buffer ? EQPBUF : 0;
+}
+
+// The text of an NX error code (nx_perror, the plain forms' message).
+const char* describe(int code);
 
 // NX's two error conventions for a call's result code.
 // Underscore forms: `value` on success, else -1 with errno = code.

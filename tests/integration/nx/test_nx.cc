@@ -21,10 +21,14 @@ std::string nxrun(int nodes, const std::string& suite) {
   return std::string(NXRUN) + " -n " + std::to_string(nodes) + " " + NX_CASES + " " + suite;
 }
 
-std::string mpirun(int nodes, const std::string& suite) {
+std::string mpirun_program(int nodes, const std::string& program) {
   return "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
          "mpirun --oversubscribe -n " +
-         std::to_string(nodes) + " " + NX_CASES + " " + suite;
+         std::to_string(nodes) + " " + program;
+}
+
+std::string mpirun(int nodes, const std::string& suite) {
+  return mpirun_program(nodes, std::string(NX_CASES) + " " + suite);
 }
 
 }  // namespace
@@ -95,6 +99,31 @@ TEST(nx_nxrun, program_that_cannot_start) {
   EXPECT_NE(run(std::string(NXRUN) + " -n 2 /nonexistent/program"), 0);
 }
 
+// ---- Issue 18 (integration.nx.calls): the added calls, NX's error codes
+// and return values, from C (nx_calls), under both launchers.
+
+TEST(nx_calls, c_program_under_nxrun_2_and_3_nodes) {
+  for (int n : {2, 3})
+    EXPECT_EQ(run(std::string(NXRUN) + " -n " + std::to_string(n) + " " + NX_CALLS, 20), 0) << n;
+}
+
+TEST(nx_calls, c_program_under_mpirun_3_nodes) {
+  EXPECT_EQ(run(mpirun_program(3, NX_CALLS), 30), 0);
+}
+
+#ifdef NX_FORTRAN
+// integration.nx.fortran: the same Fortran program with gfortran's names
+// (libvmmc_nx) and without the underscore (libvmmc_nx_fortran_plain).
+TEST(nx_fortran, gfortran_program_under_nxrun) {
+  EXPECT_EQ(run(std::string(NXRUN) + " -n 3 " + NX_FORTRAN, 20), 0);
+  EXPECT_EQ(run(std::string(NXRUN) + " -n 2 " + NX_FORTRAN_PLAIN, 20), 0);
+}
+
+TEST(nx_fortran, gfortran_program_under_mpirun) {
+  EXPECT_EQ(run(mpirun_program(3, NX_FORTRAN), 30), 0);
+}
+#endif
+
 TEST(nx_mpirun, point_to_point_and_collectives_4_nodes) {
   EXPECT_EQ(run(mpirun(4, "p2p")), 0);
   EXPECT_EQ(run(mpirun(4, "collectives")), 0);
@@ -126,7 +155,7 @@ TEST(nx_faults, stopped_node_over_fabric_tcp_and_shm) {
 // Node 0 kills node 1 mid-stream: the job ends with an error (the launcher's
 // rule for a node killed by a signal), not a hang; what node 0 received was
 // intact; if node 0 got to ask for more before the launcher ended it, NX
-// told it EQNODEGONE.
+// told it EQBADNODE.
 TEST(nx_faults, node_killed_mid_stream_is_an_error_not_a_hang) {
   const std::string log = testing::TempDir() + "nx_killed_mid_stream.log";
   int status = run(nxrun(3, "killed_mid_stream") + " > " + log + " 2>&1", 40);
@@ -138,7 +167,7 @@ TEST(nx_faults, node_killed_mid_stream_is_an_error_not_a_hang) {
   EXPECT_NE(out.find("node 0: verified"), std::string::npos) << out;
   EXPECT_EQ(out.find("CHECK("), std::string::npos) << out;
   if (out.find("node 0: errno") != std::string::npos) {
-    EXPECT_NE(out.find("(EQNODEGONE)"), std::string::npos) << out;
+    EXPECT_NE(out.find("(EQBADNODE)"), std::string::npos) << out;
   }
   std::printf("[ faults   ] %s", out.c_str());
 }
