@@ -8,7 +8,8 @@
 #    receives node 0's message; a Fortran program built with nxf77 runs
 #    (when gfortran is there);
 #  - a CMake project finds vmmc::core with find_package and its program
-#    sends a notified message from one context into another;
+#    sends a notified message from one context into another; a C program
+#    of it opens a vRPC listener through vmmc::vrpc (libtirpc found too);
 #  - unmodified socat under the installed vmmc-run: both ends switch to VMMC
 #    (their --log 3 lines), the bytes arrive intact, --ports keeps the
 #    connection on TCP, exit statuses pass through, a missing module (or a
@@ -105,7 +106,7 @@ else
   echo "nxf77: skipped, no gfortran"
 fi
 
-echo "== find_package(vmmc): vmmc::core"
+echo "== find_package(vmmc): vmmc::core, vmmc::vrpc"
 cp -r "$source_dir/tests/install/consumer" .
 cmake -S consumer -B consumer-build -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release \
   >consumer.log 2>&1 || fail "configuring the find_package project"
@@ -113,6 +114,9 @@ cmake --build consumer-build >>consumer.log 2>&1 || fail "building the find_pack
 got=$(timeout 30 consumer-build/core_hello) || fail "core_hello: status $?"
 [[ $got == "path mapped, notification value 7 at 64, 19 bytes: hello through vmmc" ]] ||
   fail "core_hello printed '$got'"
+echo "$got"
+got=$(timeout 30 consumer-build/vrpc_hello) || fail "vrpc_hello: status $?"
+[[ $got == "vrpc listener, port bound" ]] || fail "vrpc_hello printed '$got'"
 echo "$got"
 
 echo "== vmmc-run: socat"
