@@ -12,8 +12,9 @@
 #    of it opens a vRPC listener through vmmc::vrpc (libtirpc found too);
 #  - unmodified socat under the installed vmmc-run: both ends switch to VMMC
 #    (their --log 3 lines), the bytes arrive intact, --ports keeps the
-#    connection on TCP, exit statuses pass through, a missing module (or a
-#    library it needs) is refused before anything runs;
+#    connection on TCP, exit statuses pass through; a missing module (or a
+#    library it needs), and a program linked with the sockets layer, are
+#    refused before anything runs;
 #  - vmmc-run --rpc: an unmodified rpcgen client of the kv example upgrades
 #    to vRPC (rpcbind in network and mount namespaces of our own).
 #   install.sh <build dir> <source dir>
@@ -168,23 +169,32 @@ got=$("$bin/vmmc-run" --rpc printenv LD_PRELOAD)
 echo "statuses $status (socat), 7, 143 passed through"
 
 echo "== vmmc-run: refusals"
-# refused <what> <message>: vmmc-run must fail with 125, say <message>, run nothing.
+# refused <what> <message> program...: vmmc-run must fail with 125, say
+# <message> and run nothing (the program would print or create "ran").
 refused() {
-  local status=0
-  "$bin/vmmc-run" touch ran 2>refusal.log || status=$?
-  ((status == 125)) || fail "$1: vmmc-run exited with $status, not 125"
-  [[ ! -e ran ]] || fail "$1: the program ran"
-  grep -q "$2" refusal.log || fail "$1: the message does not say '$2'"
+  local what=$1 message=$2 status=0
+  shift 2
+  timeout 10 "$bin/vmmc-run" "$@" >refusal.out 2>refusal.log || status=$?
+  ((status == 125)) || fail "$what: vmmc-run exited with $status, not 125"
+  [[ ! -e ran && ! -s refusal.out ]] || fail "$what: the program ran"
+  grep -q "$message" refusal.log || fail "$what: the message does not say '$message'"
   cat refusal.log
 }
 mv "$libdir/vmmc/libvmmc_preload.so" moved.so
-refused "a missing module" "cannot find the interposer module $module_dir/libvmmc_preload.so"
+refused "a missing module" "cannot find the interposer module $module_dir/libvmmc_preload.so" touch ran
 mv moved.so "$libdir/vmmc/libvmmc_preload.so"
 sockets_soname=$(readelf -d "$libdir/libvmmc_sockets.so" | sed -n 's/.*Library soname: \[\(.*\)\]/\1/p')
 mv "$libdir/$sockets_soname" moved.so
-refused "a library the module needs" "cannot be loaded: $sockets_soname not found"
+refused "a library the module needs" "cannot be loaded: $sockets_soname not found" touch ran
 mv moved.so "$libdir/$sockets_soname"
 { "$bin/vmmc-run" touch ran && [[ -e ran ]]; } || fail "vmmc-run does not run the program once restored"
+rm ran
+# The vRPC server links the sockets layer (through libvmmc_vrpc): it would
+# deadlock under the interposer.
+if [[ -x $build/examples/kv/vmmc-kv-server ]]; then
+  refused "a program linked with the sockets layer" "links the vmmc sockets layer itself" \
+    "$build/examples/kv/vmmc-kv-server" 127.0.0.1
+fi
 
 echo "== vmmc-run --rpc: an unmodified rpcgen client"
 if ! unshare -mn true 2>/dev/null || ! PATH=$PATH:/usr/sbin command -v rpcbind >/dev/null ||
