@@ -2,6 +2,7 @@
 // wire.h (ring writes and credits, doorbell arming, one redirection post).
 #include "vmmc/redirect/channel.h"
 
+#include <sys/random.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -41,18 +42,19 @@ void full_fence() {
 }
 
 // Export names must be unique per process and unguessable across processes:
-// a post names a buffer the peer may write into.
+// exported to anyone, a name is the capability to its memory, handed to one
+// peer in-band. Each carries 128 random bits of its own: knowing some names
+// (a client learns its own connection's) tells nothing of the others.
 std::string unique_name(const char* kind) {
-  static const std::string prefix = [] {
-    std::random_device rd;
-    std::uint64_t r = (std::uint64_t{rd()} << 32) ^ rd();
-    char buf[40];
-    std::snprintf(buf, sizeof buf, "rd%x.%016llx", static_cast<unsigned>(::getpid()),
-                  static_cast<unsigned long long>(r));
-    return std::string(buf);
-  }();
-  static std::atomic<std::uint64_t> counter{0};
-  return prefix + kind + std::to_string(counter.fetch_add(1) + 1);
+  std::uint64_t r[2];
+  if (::getrandom(r, sizeof r, 0) != static_cast<ssize_t>(sizeof r)) {
+    std::random_device rd;  // a sandbox may refuse the system call
+    for (auto& word : r) word = (std::uint64_t{rd()} << 32) ^ rd();
+  }
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "rd%s.%016llx%016llx", kind, static_cast<unsigned long long>(r[0]),
+                static_cast<unsigned long long>(r[1]));
+  return buf;
 }
 
 // Copies go through a ring in slices published (or credited) one at a
