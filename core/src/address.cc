@@ -1,7 +1,9 @@
 // Address blobs: what one process tells others so they can reach it.
 //
 // Printable ASCII without whitespace: "vmmc1;h=<host>;p=<pid>;u=<uid>;
-// n=<nonce>;c=<ip:port>;f.<provider>=<hex fabric address>...". The host id is
+// n=<nonce>;c=<ip:port>;f.<provider>=<hex fabric address>...;k=<hex secret>".
+// The secret is only in what a context hands out itself (context::address),
+// never in a hello. The host id is
 // boot id + network namespace, so peers in different namespaces (our
 // simulated hosts) never try the same-host paths.
 #include <arpa/inet.h>
@@ -92,6 +94,10 @@ std::string encode_address(const peer_address& a) {
   return s;
 }
 
+std::string encode_address_with_secret(const peer_address& a) {
+  return encode_address(a) + ";k=" + hex_encode(a.secret);
+}
+
 result<peer_address> decode_address(std::string_view text) {
   peer_address a;
   if (text.size() > 4096 || text.substr(0, blob_prefix.size()) != blob_prefix)
@@ -125,6 +131,8 @@ result<peer_address> decode_address(std::string_view text) {
       have_nonce = true;
     } else if (key == "c") {
       a.control_tcp = value;
+    } else if (key == "k") {
+      if (!hex_decode(value, a.secret) || a.secret.size() < 16) return errc::invalid_argument;
     } else if (key.substr(0, 2) == "f.") {
       std::vector<std::uint8_t> bytes;
       if (!hex_decode(value, bytes) || bytes.empty()) return errc::invalid_argument;

@@ -1,6 +1,7 @@
 // context: the public handle and the lifecycle of its implementation (start:
 // providers, listeners, wake page, control thread; stop: in reverse).
 #include <sys/eventfd.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -36,6 +37,7 @@ status context::impl::start(const context_options& options) {
   mapped_enabled =
       options.mapped_path < 0 ? setting_bool(settings::mapped_path) : options.mapped_path != 0;
   liveness = std::chrono::milliseconds(setting_integer(settings::liveness_ms));
+  use_user_key = options.user_key;
   spin = std::chrono::microseconds(setting_integer(settings::spin_us));
   fabric_settings.providers = std::move(providers);
   fabric_settings.inline_max = static_cast<std::size_t>(
@@ -47,6 +49,10 @@ status context::impl::start(const context_options& options) {
   self.pid = static_cast<std::uint32_t>(::getpid());
   self.uid = static_cast<std::uint32_t>(::getuid());
   self.nonce = random_nonce();
+  self.secret.resize(16);
+  if (::getrandom(self.secret.data(), self.secret.size(), 0) !=
+      static_cast<ssize_t>(self.secret.size()))
+    return errc::system_error;
 
   notify_eventfd.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   control_wakeup.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
@@ -175,7 +181,10 @@ result<context> context::create(const context_options& options) {
   return context(std::move(p));
 }
 
-std::string context::address() const { return impl_->address_blob(); }
+std::string context::address() const {
+  std::lock_guard lock(impl_->address_mutex);
+  return encode_address_with_secret(impl_->self);
+}
 
 status context::open_remote_paths() { return impl_->open_fabric(); }
 

@@ -4,6 +4,7 @@
 // heartbeats), and drives fabric progress while the application is not
 // polling, so that exporters need not call anything for RMA to land.
 #include <poll.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -24,6 +25,14 @@ constexpr std::size_t max_half_open = 64;
 // How long listeners rest when the process is out of descriptors.
 constexpr auto accept_rest = std::chrono::milliseconds(50);
 
+bool send_hello_reply(const context::impl::link_ptr& link, std::vector<int> fds) {
+  wire::hello_reply_body reply{};
+  reply.has_wake_fds = fds.empty() ? 0 : 1;
+  link->hello_done = true;
+  return static_cast<bool>(
+      link->conn->write_frame(wire::frame_type::hello_reply, &reply, sizeof reply, fds));
+}
+
 // Verifies and answers an importer's hello. Returns false to drop the link.
 bool accept_hello(context::impl& self, const context::impl::link_ptr& link, const frame& f) {
   auto hello = parse_hello(f.type, f.body);
@@ -31,34 +40,65 @@ bool accept_hello(context::impl& self, const context::impl::link_ptr& link, cons
   const wire::hello_body& h = hello->claims;
   std::string blob(hello->blob);
   auto address = decode_address(blob);
-  if (!address) return false;
-  wire::hello_reply_body reply{};
-  std::vector<int> fds;
-  if (link->conn->is_unix()) {
-    // The kernel vouches for who is on the other end of a Unix socket.
-    ucred cred{};
-    socklen_t length = sizeof cred;
-    if (::getsockopt(link->conn->fd(), SOL_SOCKET, SO_PEERCRED, &cred, &length) != 0 ||
-        static_cast<std::uint32_t>(cred.pid) != h.pid ||
-        static_cast<std::uint32_t>(cred.uid) != h.uid || address->pid != h.pid)
+  if (!address || !address->secret.empty()) return false;  // a hello never carries a secret
+  if (!link->conn->is_unix()) {
+    // No kernel vouches across TCP: the address must point back at the
+    // connection's other end, and the importer must answer a challenge.
+    sockaddr_storage other_end{};
+    socklen_t length = sizeof other_end;
+    if (::getpeername(link->conn->fd(), reinterpret_cast<sockaddr*>(&other_end), &length) != 0 ||
+        !check_points_back(self.self.host, *address, &other_end, length))
       return false;
-    auto ring = segment::create(sizeof(notify_ring), "vmmc-ring");
-    if (!ring) return false;
-    new ((*ring)->base) notify_ring{};
-    if (!(*ring)->seal_for_peers(false)) return false;
-    {
-      std::lock_guard lock(self.links_mutex);
-      link->ring_segment = *ring;
-    }
-    reply.has_wake_fds = 1;
-    fds = {self.wake_segment->fd.get(), self.notify_eventfd.get(), (*ring)->fd.get()};
+    wire::hello_challenge_body challenge{};
+    if (::getrandom(challenge.challenge, sizeof challenge.challenge, 0) !=
+        static_cast<ssize_t>(sizeof challenge.challenge))
+      return false;
+    std::memcpy(link->challenge.data(), challenge.challenge, sizeof challenge.challenge);
+    link->address = std::move(*address);
+    link->address.uid = unverified_uid;
+    link->claimed_uid = h.uid;
+    link->blob = std::move(blob);
+    link->awaiting_proof = true;
+    return static_cast<bool>(
+        link->conn->write_frame(wire::frame_type::hello_challenge, &challenge, sizeof challenge));
+  }
+  // The kernel vouches for who is on the other end of a Unix socket.
+  ucred cred{};
+  socklen_t length = sizeof cred;
+  if (::getsockopt(link->conn->fd(), SOL_SOCKET, SO_PEERCRED, &cred, &length) != 0 ||
+      static_cast<std::uint32_t>(cred.pid) != h.pid ||
+      static_cast<std::uint32_t>(cred.uid) != h.uid || address->pid != h.pid)
+    return false;
+  auto ring = segment::create(sizeof(notify_ring), "vmmc-ring");
+  if (!ring) return false;
+  new ((*ring)->base) notify_ring{};
+  if (!(*ring)->seal_for_peers(false)) return false;
+  {
+    std::lock_guard lock(self.links_mutex);
+    link->ring_segment = *ring;
   }
   link->address = std::move(*address);
   link->address.uid = h.uid;
   link->blob = std::move(blob);
-  link->hello_done = true;
-  return static_cast<bool>(
-      link->conn->write_frame(wire::frame_type::hello_reply, &reply, sizeof reply, fds));
+  return send_hello_reply(
+      link, {self.wake_segment->fd.get(), self.notify_eventfd.get(), (*ring)->fd.get()});
+}
+
+// The importer's answer to a TCP hello's challenge: its uid counts only with
+// a proof made with our user key.
+bool accept_proof(context::impl& self, const context::impl::link_ptr& link, const frame& f) {
+  wire::hello_proof_body proof{};
+  if (f.type != wire::frame_type::hello_proof || !f.body_as(proof)) return false;
+  link->awaiting_proof = false;
+  std::memcpy(link->context_proof.data(), proof.context_proof, sizeof proof.context_proof);
+  if (proof.has_user_proof && link->claimed_uid == self.self.uid && self.use_user_key)
+    if (auto key = user_key()) {
+      digest claimed{};
+      std::memcpy(claimed.data(), proof.user_proof, sizeof proof.user_proof);
+      if (same_digest(claimed, user_proof(*key, link->challenge, self.self.nonce, self.self.uid)))
+        link->address.uid = self.self.uid;
+    }
+  return send_hello_reply(link, {});
 }
 }  // namespace
 
@@ -68,7 +108,10 @@ void context::impl::handle_link_frames(const link_ptr& link) {
   for (const frame& f : frames) {
     if (!link->alive) break;
     if (!link->hello_done) {
-      if (!accept_hello(*this, link, f)) {
+      const bool accepted = link->awaiting_proof
+                                ? accept_proof(*this, link, f)
+                                : link->blob.empty() && accept_hello(*this, link, f);
+      if (!accepted) {
         VMMC_WARN("refused a control connection: bad or unverifiable hello");
         link->alive = false;
       }

@@ -13,13 +13,14 @@
 #include <poll.h>
 #include <rdma/fabric.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdarg>
 #include <cstring>
-#include <functional>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -51,6 +52,14 @@ inline std::int64_t now_ns() {
       .count();
 }
 
+// ---- identity across TCP (identity.cc) -------------------------------------
+using digest = std::array<std::uint8_t, 32>;
+digest hmac_sha256(std::span<const std::uint8_t> key, std::span<const std::uint8_t> message);
+bool same_digest(const digest& a, const digest& b);  // in constant time
+// This user's key (settings::user_key), made on first use; nullopt when
+// there is none we can trust (not ours alone) or make.
+std::optional<std::vector<std::uint8_t>> user_key();
+
 // ---- address blobs (address.cc) -------------------------------------------
 struct peer_address {
   std::string host;         // boot id + netns: equal means "same host" for us
@@ -59,6 +68,12 @@ struct peer_address {
   std::uint64_t nonce = 0;  // distinguishes contexts (and pid reuse)
   std::string control_tcp;  // "ip:port" of the TCP control listener, may be empty
   std::vector<std::pair<std::string, std::vector<std::uint8_t>>> fabric;  // short provider name
+  // The context's secret (";k="), in the addresses it hands out itself only:
+  // never in a hello. Proves over TCP that a hello comes from this context.
+  std::vector<std::uint8_t> secret;
+  bool same_context(const peer_address& o) const {
+    return host == o.host && pid == o.pid && nonce == o.nonce;
+  }
 
   const std::vector<std::uint8_t>* fabric_for(std::string_view provider) const {
     for (const auto& [name, bytes] : fabric)
@@ -68,7 +83,16 @@ struct peer_address {
 };
 std::string local_host_id();
 std::uint64_t random_nonce();
+// The public address (no secret): what a hello carries.
 std::string encode_address(const peer_address& a);
+// What a context hands out: the public address and its secret.
+std::string encode_address_with_secret(const peer_address& a);
+// The proofs a TCP hello's sender gives for the exporter's challenge: of
+// being the context (its secret) and of being the user (the user key).
+digest context_proof(std::span<const std::uint8_t> secret, std::span<const std::uint8_t> challenge,
+                     std::uint64_t exporter_nonce);
+digest user_proof(std::span<const std::uint8_t> key, std::span<const std::uint8_t> challenge,
+                  std::uint64_t exporter_nonce, std::uint32_t uid);
 // Whether `claimed`, handed to us in-band over a kernel connection whose other
 // end is `other_end` (a sockaddr), points back at that end (see
 // context::check_address_from).
@@ -557,9 +581,15 @@ struct import_entry {
 struct importer_link {
   std::unique_ptr<connection> conn;
   std::int64_t accepted_ns = 0;  // a link without a hello by hello_timeout is closed
-  peer_address address;
+  peer_address address;          // uid: as the kernel or the user key vouches, else unverified_uid
   std::string blob;
   bool hello_done = false;
+  // A TCP hello waits for the answer to its challenge: what the importer must
+  // prove, and the proof of its context (checked by named_peers exports).
+  bool awaiting_proof = false;
+  std::uint32_t claimed_uid = 0;
+  std::array<std::uint8_t, 16> challenge{};
+  digest context_proof{};
   std::atomic<bool> alive{true};
   std::shared_ptr<segment> ring_segment;  // mapped path notifications from it
   std::map<std::uint32_t, int> imported;  // export id -> import count (links_mutex)
@@ -585,6 +615,13 @@ struct importer_link {
     return ring_segment ? reinterpret_cast<notify_ring*>(ring_segment->base) : nullptr;
   }
 };
+
+// The uid of a TCP importer that did not prove to be our user: no one's.
+inline constexpr std::uint32_t unverified_uid = 0xFFFFFFFF;
+// Whether `listed` (an address a named_peers policy lists) names the
+// importer at the other end of `link`: the same context, proven (same host:
+// the kernel checked its pid; TCP: its proof with the listed secret).
+bool names_importer(const std::string& listed, const importer_link& link, std::uint64_t our_nonce);
 
 // Drops the records from batch[from] on that `link` was never granted
 // (notify.cc). Under links_mutex.
@@ -674,6 +711,7 @@ class context::impl {
   mutable std::mutex address_mutex;
   std::string blob;  // encode_address(self), under address_mutex
   bool mapped_enabled = true;
+  bool use_user_key = true;  // context_options::user_key
   std::chrono::milliseconds liveness{600};
   std::chrono::microseconds spin{50};
 

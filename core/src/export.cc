@@ -116,6 +116,20 @@ status context::impl::unexport_buffer(export_handle handle) {
   return {};
 }
 
+}  // namespace vmmc::core
+
+namespace vmmc::core::detail {
+bool names_importer(const std::string& listed, const importer_link& link, std::uint64_t our_nonce) {
+  auto named = decode_address(listed);
+  if (!named || !named->same_context(link.address)) return false;
+  if (link.conn->is_unix()) return true;  // the kernel checked its pid
+  return !named->secret.empty() &&
+         same_digest(link.context_proof, context_proof(named->secret, link.challenge, our_nonce));
+}
+}  // namespace vmmc::core::detail
+
+namespace vmmc::core {
+
 void context::impl::handle_import_request(const link_ptr& link, const frame& f) {
   wire::import_reply_body reply{};
   std::vector<int> fds;
@@ -149,7 +163,7 @@ void context::impl::handle_import_request(const link_ptr& link, const frame& f) 
       break;
     case import_policy::kind::named_peers: {
       bool listed = false;
-      for (const std::string& p : e->policy.peers) listed |= (p == link->blob);
+      for (const std::string& p : e->policy.peers) listed |= names_importer(p, *link, self.nonce);
       if (!listed) return answer(errc::permission_denied);
       break;
     }

@@ -64,6 +64,23 @@ result<context::impl::peer_ptr> context::impl::connect_peer(std::string_view blo
     return s.error();
   auto reply = peer->conn->read_one(deadline);
   if (!reply) return reply.error();
+  if (reply->type == wire::frame_type::hello_challenge && !peer->same_host) {
+    // Prove who we are: our context's secret, and the user key if we have one.
+    wire::hello_challenge_body c{};
+    if (!reply->body_as(c)) return errc::protocol_error;
+    wire::hello_proof_body proof{};
+    const digest context = context_proof(self.secret, c.challenge, peer->address.nonce);
+    std::memcpy(proof.context_proof, context.data(), context.size());
+    if (auto user_secret = use_user_key ? user_key() : std::nullopt) {
+      const digest user = user_proof(*user_secret, c.challenge, peer->address.nonce, self.uid);
+      std::memcpy(proof.user_proof, user.data(), user.size());
+      proof.has_user_proof = 1;
+    }
+    if (auto s = peer->conn->write_frame(wire::frame_type::hello_proof, &proof, sizeof proof); !s)
+      return s.error();
+    reply = peer->conn->read_one(deadline);
+    if (!reply) return reply.error();
+  }
   wire::hello_reply_body r{};
   if (reply->type != wire::frame_type::hello_reply || !reply->body_as(r))
     return errc::protocol_error;

@@ -26,10 +26,13 @@ const setting spin_us     {"core", "spin_us",     setting_type::integer, "200",
   "how long waits busy-poll before sleeping on a descriptor"};
 const setting log_level   {"core", "log_level",   setting_type::integer, "0",
   "0 silent, 1 errors, 2 warnings, 3 debug (on stderr)"};
+const setting user_key    {"core", "user_key",    setting_type::string,  "",
+  "file with this user's key, which proves 'same user' to peers on other hosts "
+  "(empty: ~/.vmmc/user-key, made on first use; hosts must share it)"};
 // clang-format on
 
-const setting table[] = {providers, mapped_path, utlb_limit, inline_max,
-                         tcp_address, liveness_ms, spin_us, log_level};
+const setting table[] = {providers,   mapped_path, utlb_limit, inline_max, tcp_address,
+                         liveness_ms, spin_us,     log_level,  user_key};
 }  // namespace settings
 
 namespace {

@@ -16,6 +16,9 @@
 //   2: fabric notifications as RMA writes into a per-link ring (one write
 //      per small notifying send instead of a message; import_reply grew the
 //      ring fields).
+//   3: a hello over TCP is challenged (hello_challenge, hello_proof): the
+//      importer proves its context's secret and, for "same user", the user
+//      key.
 #pragma once
 
 #include <cstddef>
@@ -24,19 +27,21 @@
 namespace vmmc::core::detail::wire {
 
 inline constexpr std::uint32_t control_magic = 0x434d4d56;  // "VMMC"
-inline constexpr std::uint16_t control_version = 2;
+inline constexpr std::uint16_t control_version = 3;
 inline constexpr std::uint32_t max_frame_body = 64 * 1024;  // anything larger is garbage
 inline constexpr std::uint32_t max_name_length = 255;
 
 enum class frame_type : std::uint16_t {
-  hello = 1,          // importer -> exporter: body = hello_body + address blob
-  hello_reply = 2,    // exporter -> importer: body = hello_reply_body; fds: wake page, eventfd
-  import_request = 3, // body = import_request_body + name bytes
-  import_reply = 4,   // body = import_reply_body; fds: segment memfd when mapped
-  unimport = 5,       // importer -> exporter: body = unimport_body
-  revoke = 6,         // exporter -> importer: body = revoke_body (export withdrawn)
-  revoke_ack = 7,     // importer -> exporter: body = revoke_body; no more writes in flight
-  heartbeat = 8,      // either way, empty body
+  hello = 1,            // importer -> exporter: body = hello_body + address blob
+  hello_reply = 2,      // exporter -> importer: body = hello_reply_body; fds: wake page, eventfd
+  import_request = 3,   // body = import_request_body + name bytes
+  import_reply = 4,     // body = import_reply_body; fds: segment memfd when mapped
+  unimport = 5,         // importer -> exporter: body = unimport_body
+  revoke = 6,           // exporter -> importer: body = revoke_body (export withdrawn)
+  revoke_ack = 7,       // importer -> exporter: body = revoke_body; no more writes in flight
+  heartbeat = 8,        // either way, empty body
+  hello_challenge = 9,  // exporter -> importer over TCP, before hello_reply
+  hello_proof = 10,     // importer -> exporter: the answer
 };
 
 // Every control frame: 12 bytes, then `length` body bytes.
@@ -58,6 +63,17 @@ struct hello_body {
 struct hello_reply_body {
   std::uint32_t status;        // vmmc::errc
   std::uint32_t has_wake_fds;  // 1 when a wake page memfd and an eventfd ride along
+};
+
+struct hello_challenge_body {
+  std::uint8_t challenge[16];
+};
+
+struct hello_proof_body {
+  std::uint8_t context_proof[32];  // HMAC(context secret, challenge, exporter nonce)
+  std::uint8_t user_proof[32];     // HMAC(user key, challenge, exporter nonce, uid)
+  std::uint32_t has_user_proof;    // 0: no user key, not "same user"
+  std::uint32_t reserved;
 };
 
 struct import_request_body {

@@ -147,9 +147,13 @@ bool runtime::start() {
   // nxrun's nodes share this host: libfabric's shm provider is enough (and
   // opens in ~25 ms where tcp takes ~450 ms), unless the user chose.
   core::context_options options;
+  options.user_key = false;  // mailboxes export to anyone under unguessable names
   if (boot_->mode == "nxrun" && !std::getenv("VMMC_CORE_PROVIDERS")) options.providers = {"shm"};
   auto ctx = core::context::create(options);
-  if (!ctx && !options.providers.empty()) ctx = core::context::create();
+  if (!ctx && !options.providers.empty()) {
+    options.providers.clear();
+    ctx = core::context::create(options);
+  }
   if (!ctx) {
     std::fprintf(stderr, "nx: %s\n", ctx.error().message().c_str());
     return false;

@@ -220,6 +220,9 @@ core::context* process_context() {
   st.owner = self;
   core::context_options options;
   options.fabric_on_demand = true;  // opened by the first peer on another host
+  // Channels export to anyone under unguessable names: no same-user proofs,
+  // so no key file is read or made under the programs we are preloaded into.
+  options.user_key = false;
   auto c = core::context::create(options);
   if (c) {
     st.ctx = std::make_unique<core::context>(std::move(*c));

@@ -18,7 +18,7 @@
 namespace vmmc::test::raw {
 
 constexpr std::uint32_t control_magic = 0x434d4d56;
-constexpr std::uint16_t control_version = 2;
+constexpr std::uint16_t control_version = 3;
 enum frame_type : std::uint16_t {
   hello = 1,
   hello_reply = 2,

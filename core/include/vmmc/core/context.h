@@ -60,9 +60,17 @@ constexpr bool has_right(rights granted, rights wanted) {
 // request arrives; a refused import returns errc::permission_denied.
 struct import_policy {
   enum class kind : std::uint8_t {
-    same_user,    // any process whose uid equals the exporter's (the default)
-    named_peers,  // only processes whose address blob is listed in `peers`
-    anyone,       // no restriction
+    // Any process whose uid equals the exporter's (the default). Same host:
+    // the kernel's word (SO_PEERCRED). Other hosts, where no kernel vouches:
+    // a peer that proves it holds this user's key (VMMC_CORE_USER_KEY,
+    // context_options::user_key); hosts that share the home directory share
+    // it, others must be given a copy.
+    same_user,
+    // Only the contexts whose address (context::address(), as they gave it)
+    // is listed in `peers`. Same host: the kernel checks the pid; other
+    // hosts: the peer proves the secret its listed address carries.
+    named_peers,
+    anyone,  // no restriction
   };
   kind who = kind::same_user;
   std::vector<std::string> peers;
@@ -173,6 +181,11 @@ struct context_options {
   // instead of at creation: libfabric's start costs ~0.3 s and, with tcp,
   // tens of MB that a process meeting only same-host peers never uses.
   bool fabric_on_demand = false;
+  // Prove and check "same user" to and from peers on other hosts with the
+  // user key (VMMC_CORE_USER_KEY, default ~/.vmmc/user-key, made on first
+  // use). false: no key is read or made, and no TCP importer counts as the
+  // same user (for layers that never export to the same user only).
+  bool user_key = true;
 };
 
 struct counters {
@@ -223,7 +236,9 @@ class context {
   // Printable, opaque address of this process (ASCII, no whitespace). Upper
   // layers exchange it in-band; import_buffer takes it back. It grows once,
   // when the fabric opens: hand a peer on another host the address read after
-  // open_remote_paths().
+  // open_remote_paths(). It carries this context's secret, with which it
+  // proves to an exporter on another host that lists it (import_policy::only)
+  // that its hello is its own: hand it only to peers you mean to tell.
   std::string address() const;
 
   // Checks an address a peer handed us in-band over a kernel connection (a

@@ -50,6 +50,7 @@ extern const setting tcp_address;
 extern const setting liveness_ms;
 extern const setting spin_us;
 extern const setting log_level;
+extern const setting user_key;
 }  // namespace settings
 
 }  // namespace vmmc::core
