@@ -83,9 +83,9 @@ class other_user_process {
   line_channel& link() { return test_; }
 
   // The attacker's report ("" = nothing got through), or why there is none.
-  std::string finish() {
+  std::string finish(int timeout_ms = 20000) {
     std::string line;
-    do line = test_.receive(20000);
+    do line = test_.receive(timeout_ms);
     while (!line.empty() && line.rfind("report:", 0) != 0);
     int status = 0;
     ::waitpid(pid_, &status, 0);

@@ -5,7 +5,8 @@
 // writes with guessed registration keys at offset 0, which is where every
 // registration starts here (the providers run without FI_MR_VIRT_ADDR).
 // Before the fix keys were 1, 2, 3 ...: the first few read the export's
-// secret (and the exporter's bounce slots) and overwrote it.
+// secret (and the exporter's bounce slots) and overwrote it. The attacker is
+// another user.
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
@@ -27,6 +28,7 @@
 #include <vector>
 
 #include "integration/core/transports.h"
+#include "integration/security/other_user.h"
 #include "vmmc/core/context.h"
 
 namespace vmmc::test {
@@ -159,13 +161,49 @@ class raw_peer {
 
 class Protection : public testing::TestWithParam<transport> {};
 
-// An export open to anyone, holding a secret; nobody imports it. A raw
-// reader and writer try the keys a counter would have handed out, then
-// random ones: none may read the secret or change a byte.
+// An export open to anyone, holding a secret; nobody imports it. Another
+// user with a raw reader and writer tries the keys a counter would have
+// handed out, then random ones: none may read the secret or change a byte.
 TEST_P(Protection, RawFabricPeerCannotGuessAKey) {
+  if (!other_user_process::possible()) GTEST_SKIP() << "needs root to become another user";
+  static constexpr char secret[] = "the exporter's secret, never imported";
+  const std::string provider = GetParam().providers.front() == "tcp" ? "tcp;ofi_rxm" : "shm";
+  const std::string short_name = GetParam().providers.front();
+  other_user_process attacker([provider, short_name](line_channel& test) {
+    const auto name = fabric_name_in(test.receive(), short_name);
+    if (name.empty()) return std::string("no fabric address in the exporter's address");
+    std::vector<std::uint64_t> keys;
+    for (std::uint64_t k = 0; k < 64; ++k) keys.push_back(k);
+    std::mt19937_64 guess(20261124);
+    for (int i = 0; i < 64; ++i) keys.push_back(guess());
+    // The tcp provider drops the connection of a request with an unknown
+    // key, so every attempt gets an endpoint of its own.
+    std::string found;
+    int refused = 0;
+    for (std::uint64_t key : keys) {
+      bool read = false, wrote = false;
+      for (bool write : {false, true}) {
+        raw_peer raw(provider);
+        auto peer = raw.ok() ? raw.insert(name) : std::nullopt;
+        if (!peer) return found + "no raw " + provider + " endpoint";
+        if (write) {
+          wrote = raw.write(*peer, key, 64);
+        } else if ((read = raw.read(*peer, key, 64))) {
+          found += "key " + std::to_string(key) + " read 64 bytes";
+          if (std::memcmp(raw.data(), secret, sizeof secret) == 0) found += ", the secret";
+          found += "; ";
+        }
+      }
+      if (wrote) found += "key " + std::to_string(key) + " wrote 64 bytes; ";
+      refused += !read && !wrote;
+    }
+    std::printf("[ protect  ] %d of %zu guessed keys refused\n", refused, keys.size());
+    std::fflush(stdout);  // the attacker ends with _exit
+    return found;
+  });
+
   core::context exporter = make_context(GetParam());
   guarded_region region(exporter, 4096, false);
-  const char secret[] = "the exporter's secret, never imported";
   std::memcpy(region.data(), secret, sizeof secret);
   core::export_options o;
   o.policy = core::import_policy::anyone();
@@ -180,40 +218,10 @@ TEST_P(Protection, RawFabricPeerCannotGuessAKey) {
   auto h = importer.import_buffer(exporter.address(), "open");
   ASSERT_TRUE(h) << h.error().message();
 
-  const std::string provider = GetParam().providers.front() == "tcp" ? "tcp;ofi_rxm" : "shm";
-  const auto name = fabric_name_in(exporter.address(), GetParam().providers.front());
-  ASSERT_FALSE(name.empty()) << "no fabric address in " << exporter.address();
-
-  std::vector<std::uint64_t> keys;
-  for (std::uint64_t k = 0; k < 64; ++k) keys.push_back(k);
-  std::mt19937_64 guess(20261124);
-  for (int i = 0; i < 64; ++i) keys.push_back(guess());
-
-  // The tcp provider drops the connection of a request with an unknown key,
-  // so every attempt gets an endpoint of its own.
-  auto attempt = [&](std::uint64_t key, bool write) {
-    raw_peer attacker(provider);
-    EXPECT_TRUE(attacker.ok()) << "raw " << provider << " endpoint";
-    auto peer = attacker.insert(name);
-    if (!attacker.ok() || !peer) return false;
-    if (write) return attacker.write(*peer, key, 64);
-    bool read = attacker.read(*peer, key, 64);
-    EXPECT_FALSE(read && std::memcmp(attacker.data(), secret, sizeof secret) == 0)
-        << "key " << key << " read the secret";
-    return read;
-  };
-  int refused = 0;
-  for (std::uint64_t key : keys) {
-    bool read = attempt(key, false);
-    EXPECT_FALSE(read) << "key " << key << " read 64 bytes of some registration";
-    bool wrote = attempt(key, true);
-    EXPECT_FALSE(wrote) << "key " << key << " wrote into some registration";
-    refused += !read && !wrote;
-  }
+  attacker.link().send(exporter.address());
+  EXPECT_EQ(attacker.finish(90000), "");
   EXPECT_EQ(std::memcmp(region.data(), secret, sizeof secret), 0) << "the export changed";
   EXPECT_TRUE(region.guards_intact());
-  std::printf("[ protect  ] %s: %d of %zu guessed keys refused\n", GetParam().name, refused,
-              keys.size());
   EXPECT_TRUE(importer.unimport_buffer(*h).ok());
   EXPECT_TRUE(exporter.unexport_buffer(*e).ok());
 }

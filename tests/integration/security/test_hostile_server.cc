@@ -18,6 +18,7 @@
 #include <string>
 #include <thread>
 
+#include "integration/security/other_user.h"
 #include "vmmc/sockets/socket.h"
 
 namespace vmmc::test {
@@ -65,13 +66,19 @@ void hostile_server(int listener, std::string hello) {
 }
 
 TEST(HostileServer, ABadHelloFailsTheConnectionAndIsNeverData) {
-  int port = 0;
-  int listener = listen_loopback(port);
-  ASSERT_GE(listener, 0) << std::strerror(errno);
-  // A frame with a bad magic, then 101 bytes an application must never see.
-  std::string hello(8, '\x55');
-  hello += std::string(101, 'X');
-  std::thread server(hostile_server, listener, hello);
+  if (!other_user_process::possible()) GTEST_SKIP() << "needs root to become another user";
+  other_user_process server([](line_channel& test) {
+    int port = 0;
+    int listener = listen_loopback(port);
+    if (listener < 0) return std::string("could not listen");
+    test.send(std::to_string(port));
+    // A frame with a bad magic, then 101 bytes an application must never see.
+    std::string hello(8, '\x55');
+    hello += std::string(101, 'X');
+    hostile_server(listener, hello);
+    return std::string();
+  });
+  const int port = std::stoi("0" + server.link().receive());
 
   int fd = vs::socket(AF_INET, SOCK_STREAM, 0);
   ASSERT_GE(fd, 0);
@@ -98,23 +105,29 @@ TEST(HostileServer, ABadHelloFailsTheConnectionAndIsNeverData) {
   EXPECT_EQ(vs::send(fd, "y", 1, MSG_NOSIGNAL), -1);
   EXPECT_EQ(errno, EPIPE) << std::strerror(errno);
   vs::close(fd);
-  server.join();
-  ::close(listener);
+  EXPECT_EQ(server.finish(), "");
 }
 
 TEST(HostileServer, ItsDescriptorCannotSteerTheClientElsewhere) {
-  int port = 0, trap_port = 0;
-  int listener = listen_loopback(port), trap = listen_loopback(trap_port);
-  ASSERT_GE(listener, 0) << std::strerror(errno);
-  ASSERT_GE(trap, 0) << std::strerror(errno);
-  // On loopback, yet it claims another host, whose control listener is the
-  // trap: a local port of the server's choosing.
-  const std::string descriptor =
-      "area#65536#vmmc1;h=elsewhere;p=1;u=0;n=5;c=127.0.0.1:" + std::to_string(trap_port);
-  hello_frame frame;
-  frame.length = static_cast<std::uint16_t>(descriptor.size());
-  std::string hello(reinterpret_cast<const char*>(&frame), sizeof frame);
-  std::thread server(hostile_server, listener, hello + descriptor);
+  if (!other_user_process::possible()) GTEST_SKIP() << "needs root to become another user";
+  other_user_process server([](line_channel& test) {
+    int port = 0, trap_port = 0;
+    int listener = listen_loopback(port), trap = listen_loopback(trap_port);
+    if (listener < 0 || trap < 0) return std::string("could not listen");
+    test.send(std::to_string(port));
+    // On loopback, yet it claims another host, whose control listener is the
+    // trap: a local port of the server's choosing.
+    const std::string descriptor =
+        "area#65536#vmmc1;h=elsewhere;p=1;u=0;n=5;c=127.0.0.1:" + std::to_string(trap_port);
+    hello_frame frame;
+    frame.length = static_cast<std::uint16_t>(descriptor.size());
+    std::string hello(reinterpret_cast<const char*>(&frame), sizeof frame);
+    hostile_server(listener, hello + descriptor);  // until the client has gone
+    pollfd p{trap, POLLIN, 0};
+    return ::poll(&p, 1, 0) == 0 ? std::string()
+                                 : std::string("the client connected where the descriptor said");
+  });
+  const int port = std::stoi("0" + server.link().receive());
 
   int fd = vs::socket(AF_INET, SOCK_STREAM, 0);
   ASSERT_GE(fd, 0);
@@ -127,13 +140,9 @@ TEST(HostileServer, ItsDescriptorCannotSteerTheClientElsewhere) {
   (void)vs::send(fd, "y", 1, MSG_NOSIGNAL);  // a write places our hello at the latest
   char buffer[64];
   (void)vs::recv(fd, buffer, sizeof buffer, MSG_DONTWAIT);
-
-  pollfd p{trap, POLLIN, 0};
-  EXPECT_EQ(::poll(&p, 1, 1500), 0) << "the client connected where the server's descriptor said";
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // time to go astray
   vs::close(fd);
-  server.join();
-  ::close(listener);
-  ::close(trap);
+  EXPECT_EQ(server.finish(), "");
 }
 
 }  // namespace
