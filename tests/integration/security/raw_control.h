@@ -136,6 +136,40 @@ inline bool send_import_request(int s, std::uint64_t id, const std::string& name
   return send_frame(s, import_request, body.data(), body.size());
 }
 
+struct frame;
+bool read_frame(int s, frame& out, int timeout_ms = 5000);
+
+// Poses as a same-host context (pid ours, `nonce` made up) in front of the
+// victim at `victim_address`: listens where an importer looks for it, hands
+// the test the address to import from (through `hand_over`), and returns the
+// importer's connection once its hello has arrived; -1 with `why` set when
+// the victim did not come.
+template <class HandOver>
+int pose_as_exporter(const std::string& victim_address, const std::string& nonce,
+                     HandOver hand_over, std::string& why) {
+  socklen_t length = 0;
+  sockaddr_un a = control_socket(std::to_string(::getpid()), nonce, length);
+  int listener = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (listener < 0 || ::bind(listener, reinterpret_cast<sockaddr*>(&a), length) != 0 ||
+      ::listen(listener, 1) != 0) {
+    why = "could not listen";
+    return -1;
+  }
+  hand_over(address_of(field(victim_address, "h"), nonce));
+  pollfd p{listener, POLLIN, 0};
+  if (::poll(&p, 1, 10000) != 1) {
+    why = "the victim never came";
+    return -1;
+  }
+  int s = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+  ::close(listener);
+  if (s < 0) {
+    why = "could not accept";
+    return -1;
+  }
+  return s;
+}
+
 struct frame {
   frame_header header{};
   std::vector<char> body;
@@ -150,7 +184,7 @@ struct frame {
 
 // Reads one frame (descriptors ride on its first bytes); false on EOF, error
 // or nothing within `timeout_ms`.
-inline bool read_frame(int s, frame& out, int timeout_ms = 5000) {
+inline bool read_frame(int s, frame& out, int timeout_ms) {
   auto read_exactly = [&](char* to, std::size_t n, bool with_fds) {
     for (std::size_t got = 0; got < n;) {
       pollfd p{s, POLLIN, 0};

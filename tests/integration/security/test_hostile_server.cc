@@ -65,6 +65,20 @@ void hostile_server(int listener, std::string hello) {
   ::close(c);
 }
 
+// The victim: a client on the vmmc sockets API, connected to `port`.
+int connect_victim(int port) {
+  int fd = vs::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd >= 0 && vs::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    vs::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 TEST(HostileServer, ABadHelloFailsTheConnectionAndIsNeverData) {
   if (!other_user_process::possible()) GTEST_SKIP() << "needs root to become another user";
   other_user_process server([](line_channel& test) {
@@ -80,13 +94,8 @@ TEST(HostileServer, ABadHelloFailsTheConnectionAndIsNeverData) {
   });
   const int port = std::stoi("0" + server.link().receive());
 
-  int fd = vs::socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(fd, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<std::uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(vs::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << std::strerror(errno);
+  int fd = connect_victim(port);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
   std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the answer is there
 
   char buffer[512];
@@ -129,13 +138,8 @@ TEST(HostileServer, ItsDescriptorCannotSteerTheClientElsewhere) {
   });
   const int port = std::stoi("0" + server.link().receive());
 
-  int fd = vs::socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(fd, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<std::uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(vs::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << std::strerror(errno);
+  int fd = connect_victim(port);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
   std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the answer is there
   (void)vs::send(fd, "y", 1, MSG_NOSIGNAL);  // a write places our hello at the latest
   char buffer[64];

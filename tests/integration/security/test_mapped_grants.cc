@@ -226,18 +226,10 @@ TEST(MappedGrants, AnImporterRefusesAMemfdItsExporterCouldShrink) {
   if (!other_user_process::possible()) GTEST_SKIP() << "needs root to become another user";
   other_user_process exporter([](line_channel& test) {
     // Pose as a same-host context: listen where the victim will look for us.
-    const std::string victim = test.receive();
-    const std::string nonce = "4242";
-    socklen_t length = 0;
-    sockaddr_un a = raw::control_socket(std::to_string(::getpid()), nonce, length);
-    int listener = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (listener < 0 || ::bind(listener, reinterpret_cast<sockaddr*>(&a), length) != 0 ||
-        ::listen(listener, 1) != 0)
-      return std::string("could not listen");
-    test.send(raw::address_of(raw::field(victim, "h"), nonce));
-    pollfd p{listener, POLLIN, 0};
-    if (::poll(&p, 1, 10000) != 1) return std::string("the victim never came");
-    int s = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+    std::string why;
+    int s = raw::pose_as_exporter(
+        test.receive(), "4242", [&](const std::string& a) { test.send(a); }, why);
+    if (s < 0) return why;
     raw::frame f;
     if (!raw::read_frame(s, f) || f.header.type != raw::hello) return std::string("no hello");
     // Unsealed memfds, sized right, for the wake page, the ring and the window.
