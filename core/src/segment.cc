@@ -35,14 +35,28 @@ unique_fd sized_memfd(std::size_t bytes, const char* name) {
   return fd;
 }
 
-// Moves our pages at [at, at+length) onto [offset, offset+length) of `fd`,
-// content kept: the range is then backed by `fd` alone. mremap swaps the
-// filled staging mapping in with one call, so no thread sees a hole.
-bool move_pages(std::byte* at, std::size_t length, int fd, std::uint64_t offset) {
+// Moves our pages at [at, at+length), backed by [from_offset, +length) of
+// memfd `from`, onto [to_offset, +length) of memfd `to`, content kept: the
+// range is then backed by `to` alone. Only pages that hold data are copied
+// (a channel's ring is mostly never touched: copying its holes would fault
+// in every page of both memfds). mremap swaps the filled staging mapping in
+// with one call, so no thread sees a hole.
+bool move_pages(std::byte* at, std::size_t length, int from, std::uint64_t from_offset, int to,
+                std::uint64_t to_offset) {
   void* staging =
-      ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(offset));
+      ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, to, static_cast<off_t>(to_offset));
   if (staging == MAP_FAILED) return false;
-  std::memcpy(staging, at, length);
+  const auto first = static_cast<off_t>(from_offset), end = static_cast<off_t>(from_offset + length);
+  for (off_t data = first; data < end;) {
+    data = ::lseek(from, data, SEEK_DATA);
+    if (data < 0 || data >= end) break;  // ENXIO: no data after it
+    off_t hole = ::lseek(from, data, SEEK_HOLE);
+    if (hole < 0 || hole > end) hole = end;
+    const auto skip = static_cast<std::size_t>(data - first);
+    std::memcpy(static_cast<std::byte*>(staging) + skip, at + skip,
+                static_cast<std::size_t>(hole - data));
+    data = hole;
+  }
   if (::mremap(staging, length, length, MREMAP_MAYMOVE | MREMAP_FIXED, at) == MAP_FAILED) {
     ::munmap(staging, length);
     return false;
@@ -89,7 +103,13 @@ std::unique_ptr<export_window> export_window::open(std::shared_ptr<segment> seg,
     if (offset < o + l && o < offset + length) return nullptr;
   if (offset != 0 || length != seg->size || !seg->windows.empty()) {
     w->own_ = sized_memfd(length, "vmmc-window");
-    if (!w->own_ || !move_pages(seg->base + offset, length, w->own_.get(), 0)) return nullptr;
+    if (!w->own_ ||
+        !move_pages(seg->base + offset, length, seg->fd.get(), offset, w->own_.get(), 0))
+      return nullptr;
+    // Those pages of the segment's memfd back nothing now: free them, so
+    // that taking the window back copies onto holes only.
+    (void)::fallocate(seg->fd.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                      static_cast<off_t>(offset), static_cast<off_t>(length));
   }
   seg->windows.emplace_back(offset, length);
   w->seg_ = std::move(seg);
@@ -121,10 +141,11 @@ void export_window::close() {
   std::byte* at = seg_->base + offset_;
   bool moved = true;
   if (own_) {
-    moved = move_pages(at, length_, seg_->fd.get(), offset_);  // back onto the segment's memfd
+    // Back onto the segment's memfd.
+    moved = move_pages(at, length_, own_.get(), 0, seg_->fd.get(), offset_);
   } else if (lent_) {
     unique_fd fresh = sized_memfd(length_, "vmmc-buffer");  // the whole segment was lent
-    moved = fresh && move_pages(at, length_, fresh.get(), 0);
+    moved = fresh && move_pages(at, length_, seg_->fd.get(), 0, fresh.get(), 0);
     if (moved) seg_->fd = std::move(fresh);
   }
   // Out of memory for a copy: the importers keep reaching these pages.
