@@ -106,18 +106,31 @@ status connection::write_frame(wire::frame_type type, const void* body, std::siz
   f.bytes.resize(sizeof h + length);
   std::memcpy(f.bytes.data(), &h, sizeof h);
   if (length) std::memcpy(f.bytes.data() + sizeof h, body, length);
-  for (int fd : fds) {
-    f.fds.emplace_back(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
-    if (!f.fds.back()) return errc::resource_exhausted;
-  }
 
   std::lock_guard lock(write_mutex_);
   if (output_bytes_ + f.bytes.size() > max_backlog) return errc::peer_gone;
-  output_bytes_ += f.bytes.size();
+  // The caller's descriptors are borrowed: duplicated only if the frame has
+  // to wait (which it rarely does: then the queue is empty and the socket
+  // takes the frame whole).
+  if (output_.empty()) {
+    ssize_t n = send_some(f.bytes, 0, fds);
+    if (n < 0 && errno != EAGAIN) return errc::peer_gone;
+    f.sent = n > 0 ? static_cast<std::size_t>(n) : 0;
+    if (f.sent == f.bytes.size()) {
+      last_sent_ns_.store(now_ns(), std::memory_order_relaxed);
+      return {};
+    }
+  }
+  if (f.sent == 0)
+    for (int fd : fds) {
+      f.fds.emplace_back(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+      if (!f.fds.back()) return errc::resource_exhausted;
+    }
+  output_bytes_ += f.bytes.size() - f.sent;
   output_.push_back(std::move(f));
-  status s = send_queued_locked();
-  if (s && backlogged_.load() && on_backlog) on_backlog();
-  return s;
+  backlogged_.store(true, std::memory_order_release);
+  if (on_backlog) on_backlog();
+  return {};
 }
 
 status connection::flush() {
@@ -125,39 +138,42 @@ status connection::flush() {
   return send_queued_locked();
 }
 
+ssize_t connection::send_some(const std::vector<std::uint8_t>& bytes, std::size_t from,
+                              std::span<const int> fds) {
+  iovec iov{const_cast<std::uint8_t*>(bytes.data()) + from, bytes.size() - from};
+  msghdr m{};
+  m.msg_iov = &iov;
+  m.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * max_fds_per_frame)];
+  if (from == 0 && !fds.empty()) {  // descriptors travel with the frame's first byte
+    m.msg_control = control;
+    m.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+    cmsghdr* c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+  }
+  ssize_t n;
+  do n = ::sendmsg(fd_.get(), &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+  while (n < 0 && errno == EINTR);
+  return n;
+}
+
 status connection::send_queued_locked() {
   bool sent_some = false;
   while (!output_.empty()) {
     pending_frame& f = output_.front();
-    iovec iov{f.bytes.data() + f.sent, f.bytes.size() - f.sent};
-    msghdr m{};
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * max_fds_per_frame)];
-    if (f.sent == 0 && !f.fds.empty()) {
-      m.msg_control = control;
-      m.msg_controllen = CMSG_SPACE(sizeof(int) * f.fds.size());
-      cmsghdr* c = CMSG_FIRSTHDR(&m);
-      c->cmsg_level = SOL_SOCKET;
-      c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(int) * f.fds.size());
-      for (std::size_t i = 0; i < f.fds.size(); ++i) {
-        const int fd = f.fds[i].get();
-        std::memcpy(CMSG_DATA(c) + i * sizeof(int), &fd, sizeof fd);
-      }
-    }
-    ssize_t n = ::sendmsg(fd_.get(), &m, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n > 0) {
-      sent_some = true;
-      f.sent += static_cast<std::size_t>(n);
-      output_bytes_ -= static_cast<std::size_t>(n);
-      f.fds.clear();  // the kernel holds them now
-      if (f.sent == f.bytes.size()) output_.pop_front();
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
+    std::vector<int> fds;
+    for (const unique_fd& fd : f.fds) fds.push_back(fd.get());
+    ssize_t n = send_some(f.bytes, f.sent, fds);
     if (n < 0 && errno == EAGAIN) break;
-    return errc::peer_gone;
+    if (n <= 0) return errc::peer_gone;
+    sent_some = true;
+    f.sent += static_cast<std::size_t>(n);
+    output_bytes_ -= static_cast<std::size_t>(n);
+    f.fds.clear();  // the kernel holds them now
+    if (f.sent == f.bytes.size()) output_.pop_front();
   }
   backlogged_.store(!output_.empty(), std::memory_order_release);
   if (sent_some) last_sent_ns_.store(now_ns(), std::memory_order_relaxed);

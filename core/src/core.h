@@ -144,7 +144,7 @@ class connection {
   bool is_unix() const noexcept { return is_unix_; }
 
   // Sends one frame, never waiting: what the socket does not take now waits
-  // in an output queue (with duplicates of `fds`) for flush(). A peer that
+  // in an output queue (with duplicates of `fds` if none went) for flush(). A peer that
   // lets more than max_backlog bytes pile up is as good as gone: one peer
   // that stops reading never stalls the thread serving the others.
   // Errors: peer_gone, resource_exhausted (no descriptor to duplicate).
@@ -180,6 +180,9 @@ class connection {
   status parse(std::vector<frame>& out);
 
   status send_queued_locked();
+  // One sendmsg of bytes[from..], with `fds` when from is 0; never blocks.
+  ssize_t send_some(const std::vector<std::uint8_t>& bytes, std::size_t from,
+                    std::span<const int> fds);
 
   unique_fd fd_;
   bool is_unix_;
@@ -230,8 +233,9 @@ struct segment {
 // is open. Closing takes the pages back: they move onto a memfd no importer
 // holds, so an importer's mapping (and any mapping it made of the descriptor
 // it was lent) keeps only the old pages, never reaching our memory again.
-// Moving copies the window: a store by another thread of ours into the window
-// while it opens or closes may be lost.
+// Moving copies the window's data pages: a store by another thread of ours
+// into the window while it opens or closes may be lost. When the segment's
+// mappable_buffer is gone, closing moves nothing: the pages go with it.
 class export_window {
  public:
   // nullptr when the range cannot be handed out alone: not page-aligned,

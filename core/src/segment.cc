@@ -140,7 +140,10 @@ void export_window::close() {
   std::erase(seg_->windows, std::pair{offset_, length_});
   std::byte* at = seg_->base + offset_;
   bool moved = true;
-  if (own_) {
+  if (seg_.use_count() == 1) {
+    // No one else holds the segment (its mappable_buffer is gone): our pages
+    // are unmapped with it and never used again, so nothing needs moving.
+  } else if (own_) {
     // Back onto the segment's memfd.
     moved = move_pages(at, length_, own_.get(), 0, seg_->fd.get(), offset_);
   } else if (lent_) {

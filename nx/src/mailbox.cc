@@ -38,6 +38,7 @@ std::string fresh_name() {
 
 mailbox::~mailbox() {
   if (attached_) (void)ctx_.unimport_buffer(peer_);
+  memory_ = core::mappable_buffer{};  // goes with the export: no pages to move at unexport
   if (exported_) (void)ctx_.unexport_buffer(export_);
 }
 

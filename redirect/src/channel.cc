@@ -298,6 +298,9 @@ channel::impl::~impl() {
     (void)ctx.unimport_buffer(peer);
   }
   for (auto& b : buffer_exports) (void)ctx.unexport_buffer(b.handle);
+  // The area's memory goes with its export (nothing of ours uses it again),
+  // so unexport need not move its pages away from the peer first.
+  memory = core::mappable_buffer{};
   if (exported) (void)ctx.unexport_buffer(area_export);
 }
 

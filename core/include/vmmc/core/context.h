@@ -267,7 +267,10 @@ class context {
   result<export_handle> export_buffer(std::string_view name, void* base, std::size_t length,
                                       export_options options = {});
   // Withdraws the export; later operations of its importers fail with
-  // unknown_handle or peer_gone. Errors: unknown_handle.
+  // unknown_handle or peer_gone. A mapped export's pages are moved off the
+  // memfd its importers were lent (a copy of the pages that hold data),
+  // unless its mappable_buffer was released first: done with the memory,
+  // release the buffer, then unexport. Errors: unknown_handle.
   status unexport_buffer(export_handle handle);
 
   // --- importing ---------------------------------------------------------
