@@ -23,8 +23,12 @@ namespace vmmc::sockets::detail {
 
 namespace {
 using clock = std::chrono::steady_clock;
-
+std::atomic<int> awaiting_client{0};  // server channels holding an awaiting slot
 }  // namespace
+
+void release_awaiting_slot(stream& s) {
+  if (s.awaiting_slot.exchange(false)) awaiting_client.fetch_sub(1);
+}
 
 bool send_all(int fd, const void* data, std::size_t length, int flags) {
   auto* p = static_cast<const char*>(data);
@@ -159,10 +163,19 @@ core::context* context_for(stream& s) {
 
 // Server: the client offered; answer with accept + hello frame.
 void accept_offer(stream& s) {
+  if (awaiting_client.fetch_add(1) >= max_awaiting_client) {
+    awaiting_client.fetch_sub(1);
+    return become_plain(s, "too many offers awaiting their client's hello");
+  }
+  s.awaiting_slot.store(true);
   core::context* ctx = context_for(s);
-  if (!ctx) return become_plain(s, "no VMMC context");
+  if (!ctx) {
+    release_awaiting_slot(s);
+    return become_plain(s, "no VMMC context");
+  }
   auto chan = redirect::channel::create(*ctx, channel_options_for(s));
   if (!chan) {
+    release_awaiting_slot(s);
     log(1, "fd %d: channel: %s", s.fd.load(), chan.error().message().c_str());
     return become_plain(s, "channel set-up failed");
   }
@@ -401,6 +414,7 @@ bool peer_ready(stream& s) {
   // server only once the client's hello is in its area.
   if (!s.is_client && !s.peer_hello_seen.load() && s.chan->peer_hello()) {
     s.peer_hello_seen.store(true);
+    release_awaiting_slot(s);
     s.hello_pending.store(true);
   }
   return s.hello_pending.load();

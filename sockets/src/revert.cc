@@ -71,6 +71,7 @@ void wake_sleepers(stream& s) {
 }  // namespace
 
 stream::~stream() {
+  release_awaiting_slot(*this);
   if (stash) ::munmap(stash, stash->mapped);
   // Its context was torn down at exit (a program closing an epoll set in an
   // atexit handler of its own, as apr's does in ab): nothing to detach from.

@@ -67,6 +67,9 @@ struct stream {
   std::unique_ptr<redirect::channel> chan;
   std::string peer_descriptor;               // client: the server's channel, from its hello frame
   std::atomic<bool> peer_hello_seen{false};  // server: the client's channel hello arrived
+  // Server: this stream's channel counts against max_awaiting_client until
+  // the client's hello arrives or the stream goes (release_awaiting_slot).
+  std::atomic<bool> awaiting_slot{false};
   // Outgoing: raw bytes we wrote on TCP before our channel hello (N_self);
   // out_switched once the hello is placed: writes go to the channel.
   std::atomic<std::uint64_t> tcp_out{0};
@@ -186,6 +189,11 @@ void log(int level, const char* format, ...) __attribute__((format(printf, 2, 3)
 // Sends all of a small control message, waiting for the socket (bounded).
 bool send_all(int fd, const void* data, std::size_t length, int flags);
 void send_offer(stream& s);       // client: right after the connection is up
+// Server channels made for an offer whose client has not said hello yet: at
+// most this many per process (a flood of offer bytes costs bounded memory
+// and descriptors; later offers are answered as plain TCP).
+inline constexpr int max_awaiting_client = 64;
+void release_awaiting_slot(stream& s);
 bool check_connected(stream& s);  // connecting -> undecided once connected
 void try_decide(stream& s, bool wait_for_first_byte);
 bool peer_ready(stream& s);          // our channel hello may be placed now

@@ -8,6 +8,7 @@
 // the secret out of the victim connection's ring, and truncating the memfd
 // it was lent crashed redis with SIGBUS.
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -184,6 +185,97 @@ TEST(PreloadedServer, AnotherUserCannotReadOrCrashAPreloadedRedis) {
   ::close(input[1]);
   ::waitpid(victim, nullptr, 0);
   ::waitpid(reader, nullptr, 0);
+  ::kill(server, SIGTERM);
+  ::waitpid(server, nullptr, 0);
+}
+
+int open_descriptors(pid_t pid) {
+  int count = 0;
+  if (DIR* d = ::opendir(("/proc/" + std::to_string(pid) + "/fd").c_str())) {
+    while (::readdir(d)) ++count;
+    ::closedir(d);
+  }
+  return count - 2;  // . and ..
+}
+
+// A preloaded redis-cli's answer to `command` (its first line), or "".
+std::string ask_redis(int port, std::vector<std::string> command) {
+  int out[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) return {};
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(out[1], 1);
+    ::setenv("LD_PRELOAD", VMMC_PRELOAD, 1);
+    std::vector<std::string> argv = {REDIS_CLI, "-p", std::to_string(port)};
+    argv.insert(argv.end(), command.begin(), command.end());
+    std::vector<char*> args;
+    for (auto& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    ::execv(args[0], args.data());
+    ::_exit(127);
+  }
+  ::close(out[1]);
+  char reply[256] = {};
+  pollfd p{out[0], POLLIN, 0};
+  ssize_t n = ::poll(&p, 1, 10000) == 1 ? ::read(out[0], reply, sizeof reply - 1) : -1;
+  ::close(out[0]);
+  ::waitpid(pid, nullptr, 0);
+  std::string line(reply, n > 0 ? static_cast<std::size_t>(n) : 0);
+  return line.substr(0, line.find('\n'));
+}
+
+// Issue 13 item 7: one offer byte made a preloaded server build a channel
+// (memfd, 2 MiB ring, export) for anyone, without bound. Channels whose
+// client never says hello are now capped; later offers get plain TCP.
+TEST(PreloadedServer, AFloodOfOffersCostsBoundedState) {
+  if (!other_user_process::possible()) GTEST_SKIP() << "needs root to become another user";
+  if (::access(REDIS_SERVER, X_OK) != 0) GTEST_SKIP() << REDIS_SERVER << " is not installed";
+  constexpr int connections = 200, cap = 64;  // cap: sockets/src/sockets.h max_awaiting_client
+  const int port = free_loopback_port();
+  pid_t server = spawn_preloaded({REDIS_SERVER, "--port", std::to_string(port), "--bind",
+                                  "127.0.0.1", "--save", "", "--appendonly", "no"});
+  ::usleep(300 * 1000);
+  const int before = open_descriptors(server);
+  other_user_process attacker([port](line_channel& test) {
+    std::vector<int> held;
+    int upgraded = 0;
+    for (int i = 0; i < connections; ++i) {
+      int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(static_cast<std::uint16_t>(port));
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      const unsigned char offer = 0xD6;
+      if (::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+          ::send(s, &offer, 1, MSG_OOB) != 1 || ::send(s, "PING\r\n", 6, 0) != 6)
+        return std::string("could not connect ") + std::to_string(i);
+      held.push_back(s);
+    }
+    for (int s : held) {  // an accept byte, or a plain answer
+      pollfd p{s, POLLIN | POLLPRI, 0};
+      unsigned char urgent = 0;
+      if (::poll(&p, 1, 5000) == 1 && ::recv(s, &urgent, 1, MSG_OOB) == 1 && urgent == 0xD7)
+        ++upgraded;
+    }
+    test.send("upgraded " + std::to_string(upgraded));
+    test.receive();  // held open while the victim looks
+    for (int s : held) ::close(s);
+    return upgraded > cap ? "the server made " + std::to_string(upgraded) + " channels" : "";
+  });
+  const std::string said = attacker.link().receive(30000);
+  EXPECT_EQ(said.rfind("upgraded", 0), 0u) << said;
+  const int during = open_descriptors(server);
+  // A socket each, and a memfd per channel at most for the capped ones.
+  EXPECT_LE(during - before, connections + cap + 8)
+      << "descriptors of redis: " << before << " -> " << during;
+  // Others are served meanwhile (over plain TCP once the cap is reached).
+  EXPECT_EQ(ask_redis(port, {"SET", "k", "v"}), "OK");
+  attacker.link().send("done");
+  EXPECT_EQ(attacker.finish(), "");
+  ::usleep(300 * 1000);
+  EXPECT_EQ(ask_redis(port, {"GET", "k"}), "v");
+  int status = 0;
+  EXPECT_EQ(::waitpid(server, &status, WNOHANG), 0) << "redis-server died";
   ::kill(server, SIGTERM);
   ::waitpid(server, nullptr, 0);
 }
