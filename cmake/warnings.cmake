@@ -29,5 +29,7 @@ endif()
 if(VMMC_SANITIZE STREQUAL "thread")
   add_library(vmmc_tsan_clocklock SHARED ${PROJECT_SOURCE_DIR}/tests/sanitizers/tsan_clocklock.c
                                          ${PROJECT_SOURCE_DIR}/tests/sanitizers/tsan_fork.c)
-  link_libraries(vmmc_tsan_clocklock)
+  # A build-only dependency: the installed package (cmake/package.cmake)
+  # must not ask its users for it.
+  link_libraries($<BUILD_INTERFACE:vmmc_tsan_clocklock>)
 endif()
