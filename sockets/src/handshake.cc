@@ -5,6 +5,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -25,6 +26,12 @@ namespace {
 using clock = std::chrono::steady_clock;
 std::atomic<int> awaiting_client{0};  // server channels holding an awaiting slot
 }  // namespace
+
+int max_awaiting_client() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return 64;
+  return static_cast<int>(std::clamp<rlim_t>(limit.rlim_cur / 4, 64, 1 << 20));
+}
 
 void release_awaiting_slot(stream& s) {
   if (s.awaiting_slot.exchange(false)) awaiting_client.fetch_sub(1);
@@ -163,7 +170,7 @@ core::context* context_for(stream& s) {
 
 // Server: the client offered; answer with accept + hello frame.
 void accept_offer(stream& s) {
-  if (awaiting_client.fetch_add(1) >= max_awaiting_client) {
+  if (awaiting_client.fetch_add(1) >= max_awaiting_client()) {
     awaiting_client.fetch_sub(1);
     return become_plain(s, "too many offers awaiting their client's hello");
   }

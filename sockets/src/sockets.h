@@ -189,10 +189,12 @@ void log(int level, const char* format, ...) __attribute__((format(printf, 2, 3)
 // Sends all of a small control message, waiting for the socket (bounded).
 bool send_all(int fd, const void* data, std::size_t length, int flags);
 void send_offer(stream& s);       // client: right after the connection is up
-// Server channels made for an offer whose client has not said hello yet: at
-// most this many per process (a flood of offer bytes costs bounded memory
-// and descriptors; later offers are answered as plain TCP).
-inline constexpr int max_awaiting_client = 64;
+// Server channels made for an offer whose client has not said hello yet
+// (each holds a memfd descriptor and a mapping): at most a quarter of the
+// process's descriptor limit, and at least 64. A flood of offer bytes then
+// costs bounded state; later offers are answered as plain TCP, while a
+// burst of real clients (their hellos follow within a round trip) fits.
+int max_awaiting_client();
 void release_awaiting_slot(stream& s);
 bool check_connected(stream& s);  // connecting -> undecided once connected
 void try_decide(stream& s, bool wait_for_first_byte);

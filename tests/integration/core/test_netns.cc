@@ -12,10 +12,13 @@
 #include <utility>
 
 #include "integration/core/child_process.h"
+#include "user_key.h"
 #include "vmmc/core/context.h"
 
 namespace vmmc::test {
 namespace {
+
+VMMC_TEST_TEMPORARY_USER_KEY;
 
 using namespace std::chrono_literals;
 

@@ -19,10 +19,13 @@
 
 #include "integration/security/other_user.h"
 #include "integration/security/raw_control.h"
+#include "user_key.h"
 #include "vmmc/core/context.h"
 
 namespace vmmc::test {
 namespace {
+
+VMMC_TEST_TEMPORARY_USER_KEY;
 
 constexpr std::uint16_t frame_hello_challenge = 9, frame_hello_proof = 10;
 struct hello_proof_body {
