@@ -312,6 +312,21 @@ void context::impl::control_loop() {
   }
 }
 
+namespace {
+// The live link that has waited longest for its hello, and (in `count`) how
+// many wait. Under links_mutex.
+context::impl::link_ptr oldest_half_open(const std::vector<context::impl::link_ptr>& links,
+                                         std::size_t& count) {
+  context::impl::link_ptr oldest;
+  for (const auto& l : links)
+    if (l->alive && !l->hello_done) {
+      ++count;
+      if (!oldest || l->accepted_ns < oldest->accepted_ns) oldest = l;
+    }
+  return oldest;
+}
+}  // namespace
+
 void context::impl::accept_links(int listener, bool is_unix) {
   // A round takes at most max_half_open: the links it pushes out close in
   // the next round, so a flood never holds more than twice that.
@@ -321,14 +336,9 @@ void context::impl::accept_links(int listener, bool is_unix) {
       if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
         // Make room by dropping the oldest connection still without a hello
         // (the next round closes it); rest if there is none.
-        link_ptr oldest;
-        {
-          std::lock_guard lock(links_mutex);
-          for (const link_ptr& l : links)
-            if (l->alive && !l->hello_done && (!oldest || l->accepted_ns < oldest->accepted_ns))
-              oldest = l;
-        }
-        if (oldest) oldest->alive = false;
+        std::lock_guard lock(links_mutex);
+        std::size_t half_open = 0;
+        if (link_ptr oldest = oldest_half_open(links, half_open)) oldest->alive = false;
         accept_resumes_ns =
             now_ns() + std::chrono::duration_cast<std::chrono::nanoseconds>(accept_rest).count();
         VMMC_WARN("out of descriptors for control connections: %s", std::strerror(errno));
@@ -341,12 +351,7 @@ void context::impl::accept_links(int listener, bool is_unix) {
     link->accepted_ns = now_ns();
     std::lock_guard lock(links_mutex);
     std::size_t half_open = 0;
-    link_ptr oldest;
-    for (const link_ptr& l : links)
-      if (l->alive && !l->hello_done) {
-        ++half_open;
-        if (!oldest || l->accepted_ns < oldest->accepted_ns) oldest = l;
-      }
+    link_ptr oldest = oldest_half_open(links, half_open);
     if (half_open >= max_half_open) oldest->alive = false;  // a flood ages out its own first
     link->id = next_link_id++;
     links_by_id.emplace(link->id, link);
