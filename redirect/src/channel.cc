@@ -203,6 +203,9 @@ class channel::impl {
   core::import_handle peer{};
   core::sender to_peer;  // sends into the peer's area
   std::atomic<bool> attached{false};  // set once by attach(), read by any thread
+  // attach() found the peer gone, or its area withdrawn (its end destroyed):
+  // what it wrote into our area before it went is all there will be.
+  std::atomic<bool> departed{false};
   bool fabric = false;
   bool completion_needs_peer = false;  // see core::import_info
   std::string path_name;
@@ -311,7 +314,13 @@ status channel::impl::attach(const parsed_descriptor& peer_area) {
         !s)
       return s;
   auto h = ctx.import_buffer(peer_area.address, peer_area.name);
-  if (!h) return h.error();
+  if (!h) {
+    // Its area was exported before its hello named it: gone now means the
+    // peer went, or is going (its end destroyed, the export withdrawn).
+    if (h.is(errc::peer_gone) || h.is(errc::unknown_export))
+      departed.store(true, std::memory_order_relaxed);
+    return h.error();
+  }
   peer = *h;
   if (status s = bind_peer(peer_area); !s) {
     (void)ctx.unimport_buffer(peer);
@@ -661,7 +670,7 @@ bool channel::impl::prepare_sleep(sleep_reason reason) {
 
 // The peer process died, or its end was destroyed (its area withdrawn).
 bool channel::impl::gone() {
-  return attached && !ctx.describe(peer);
+  return departed.load(std::memory_order_relaxed) || (attached && !ctx.describe(peer));
 }
 
 // Waits a bounded slice: returns at once until `spin_until` (the caller's

@@ -198,7 +198,8 @@ class channel {
   std::uint64_t activity();
   // Space free in the peer's ring for write() without blocking.
   std::size_t writable();
-  // The peer process is gone (its context's control connection broke).
+  // The peer process is gone (its context's control connection broke, or
+  // connect()/accept_peer() found it gone).
   bool peer_gone();
 
   channel_counters stats() const;
