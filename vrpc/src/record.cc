@@ -250,25 +250,36 @@ bool record_stream::write_all(iovec* iov, int count) {
   return true;
 }
 
+// A record ends in a fragment with data, as libtirpc's own ends it: an
+// empty last fragment is legal, but a libtirpc peer reads it only at its
+// next record, and a plain client that forked and shares the connection
+// with its child then loses its framing (the child took the header).
 bool record_stream::flush_fragment(bool last) {
+  const bool buffered_data = out_len_ > 4;
+  std::uint32_t held_header =
+      htonl(static_cast<std::uint32_t>(held_len_) | (last && !buffered_data ? last_bit : 0));
   std::uint32_t header = htonl(static_cast<std::uint32_t>(out_len_ - 4) | (last ? last_bit : 0));
   std::memcpy(out_.data(), &header, 4);
-  iovec iov{out_.data(), out_len_};
+  iovec iov[3] = {
+      {&held_header, 4}, {const_cast<char*>(held_), held_len_}, {out_.data(), out_len_}};
+  // Never an empty fragment but a last one that has nothing before it.
+  iovec* first = held_ ? iov : iov + 2;
+  int count = (held_ ? 2 : 0) + (buffered_data || (last && !held_) ? 1 : 0);
+  held_ = nullptr;
+  held_len_ = 0;
   out_len_ = 4;
-  return write_all(&iov, 1);
+  return count == 0 || write_all(first, count);
 }
 
 bool record_stream::put(const char* data, std::size_t length) {
   position_ += static_cast<std::uint32_t>(length);
   if (length >= direct_min && length < last_bit) {
-    // The buffered bytes as one fragment, these as the next: no staging copy.
-    std::uint32_t buffered_header = htonl(static_cast<std::uint32_t>(out_len_ - 4));
-    std::uint32_t header = htonl(static_cast<std::uint32_t>(length));
-    std::memcpy(out_.data(), &buffered_header, 4);
-    iovec iov[3] = {{out_.data(), out_len_}, {&header, 4}, {const_cast<char*>(data), length}};
-    bool any_buffered = out_len_ > 4;
-    out_len_ = 4;
-    return any_buffered ? write_all(iov, 3) : write_all(iov + 1, 2);
+    // Bytes before it go out; it waits as a fragment of its own (no staging
+    // copy), sent with whatever comes next.
+    if ((held_ || out_len_ > 4) && !flush_fragment(false)) return false;
+    held_ = data;
+    held_len_ = length;
+    return true;
   }
   while (length > 0) {
     if (out_len_ == out_.size() && !flush_fragment(false)) return false;

@@ -80,6 +80,8 @@ class record_stream {
   std::size_t read_limit() const;
   bool read_direct(char* data, std::size_t length);
   bool next_fragment();
+  // Sends the held fragment (if any), then the buffered bytes as a
+  // fragment; `last` marks the record's final fragment, never an empty one.
   bool flush_fragment(bool last);
   bool write_all(struct iovec* iov, int count);
   bool fail(failure f, int error_number);
@@ -96,6 +98,10 @@ class record_stream {
 
   std::vector<char> out_;  // 4 header bytes, then the fragment's data
   std::size_t out_len_ = 4;
+  // A large put waits here as a fragment of its own, ahead of out_, until
+  // more of the record or its end says whether it is the last fragment.
+  const char* held_ = nullptr;
+  std::size_t held_len_ = 0;
 
   failure failure_ = failure::none;
   int errno_ = 0;

@@ -257,6 +257,111 @@ TEST_F(vrpc, a_forked_child_that_calls_leaves_the_parents_client_working) {
   clnt_destroy(c);
 }
 
+// A reply must end in a fragment that carries data, as libtirpc's own
+// servers send it. One that ended in an empty last fragment (after a large
+// value sent as its own fragment) broke plain libtirpc clients that fork: the
+// client reads that trailing header only at its next call, so a child that
+// called first took it off the shared connection, and the parent then took
+// the first fragment of its next reply for the end of the old record,
+// skipped the reply and timed out (the apps matrix's vrpc_fork, server only).
+TEST_F(vrpc, replies_to_plain_clients_end_in_a_fragment_with_data) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(server_.port().vmmc);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  timeval limit{20, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+  for (std::size_t size : {std::size_t{100}, std::size_t{64} << 10, std::size_t{1} << 20}) {
+    // The call, encoded by libtirpc itself (AUTH_NONE).
+    std::string value(size, 'v');
+    blob in{static_cast<u_int>(size), value.data()};
+    std::vector<char> call(size + 1024);
+    XDR x;
+    xdrmem_create(&x, call.data() + 4, static_cast<u_int>(call.size() - 4), XDR_ENCODE);
+    rpc_msg m{};
+    m.rm_xid = static_cast<u_int32_t>(size);
+    m.rm_direction = CALL;
+    m.rm_call.cb_rpcvers = RPC_MSG_VERSION;
+    m.rm_call.cb_prog = program;
+    m.rm_call.cb_vers = version;
+    m.rm_call.cb_proc = proc_echo;
+    m.rm_call.cb_cred = _null_auth;
+    m.rm_call.cb_verf = _null_auth;
+    ASSERT_TRUE(xdr_callmsg(&x, &m) && xdr_blob(&x, &in));
+    const u_int body = xdr_getpos(&x);
+    std::uint32_t header = htonl(body | 0x80000000u);
+    std::memcpy(call.data(), &header, 4);
+    ASSERT_EQ(::write(fd, call.data(), body + 4), static_cast<ssize_t>(body + 4));
+    // The reply, fragment by fragment.
+    auto read_exactly = [&](void* p, std::size_t n) {
+      for (std::size_t done = 0; done < n;) {
+        ssize_t r = ::read(fd, static_cast<char*>(p) + done, n - done);
+        if (r <= 0) return false;
+        done += static_cast<std::size_t>(r);
+      }
+      return true;
+    };
+    std::vector<std::uint32_t> fragments;
+    std::vector<char> reply;
+    for (bool last = false; !last;) {
+      ASSERT_TRUE(read_exactly(&header, 4)) << size;
+      header = ntohl(header);
+      last = header & 0x80000000u;
+      fragments.push_back(header & ~0x80000000u);
+      reply.resize(reply.size() + fragments.back());
+      ASSERT_TRUE(read_exactly(reply.data() + reply.size() - fragments.back(), fragments.back()));
+    }
+    EXPECT_GT(fragments.back(), 0u)
+        << size << " B: the record ended in an empty fragment (of " << fragments.size() << ")";
+    // It is the echo, and nothing of it is left on the connection.
+    xdrmem_create(&x, reply.data(), static_cast<u_int>(reply.size()), XDR_DECODE);
+    rpc_msg r{};
+    blob out;
+    r.acpted_rply.ar_verf = _null_auth;
+    r.acpted_rply.ar_results.where = nullptr;
+    r.acpted_rply.ar_results.proc = proc(xdr_void);
+    ASSERT_TRUE(xdr_replymsg(&x, &r) && xdr_blob(&x, &out)) << size;
+    EXPECT_EQ(r.rm_xid, static_cast<u_int32_t>(size));
+    EXPECT_EQ(std::string(out.data, out.length), value) << size;
+    xdr_free(proc(xdr_blob), reinterpret_cast<char*>(&out));
+    char extra;
+    EXPECT_EQ(::recv(fd, &extra, 1, MSG_DONTWAIT), -1) << size << " B: bytes after the record";
+  }
+  ::close(fd);
+}
+
+// A plain libtirpc client that forks, as in the apps matrix: the child calls
+// on the inherited CLIENT, then the parent goes on with it.
+TEST_F(vrpc, a_plain_clients_forked_child_leaves_the_parents_client_working) {
+  for (int round = 0; round < 10; ++round) {
+    CLIENT* c = clnt_create("127.0.0.1", program, version, "tcp");
+    if (!c) {  // the port through rpcbind; without rpcbind, the port directly
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      a.sin_port = htons(server_.port().vmmc);
+      int sock = RPC_ANYSOCK;
+      c = clnttcp_create(&a, program, version, &sock, 0, 0);
+    }
+    ASSERT_TRUE(c);
+    const std::string big(64 << 10, 'p');  // a reply with a fragment of its own
+    ASSERT_TRUE(echo_round_trip(c, big));
+    pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) _exit(echo_round_trip(c, big) && echo_round_trip(c, "small") ? 0 : 1);
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+    timeval quick{3, 0};
+    clnt_control(c, CLSET_TIMEOUT, reinterpret_cast<char*>(&quick));
+    EXPECT_TRUE(echo_round_trip(c, big)) << "round " << round;
+    clnt_destroy(c);
+  }
+}
+
 // Sends raw bytes on a connection to the vRPC port (through vmmc::sockets
 // when `upgraded`, so the garbage travels over VMMC), then closes it or not.
 void send_raw(unsigned short port, const std::string& bytes, bool upgraded) {
