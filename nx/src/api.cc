@@ -20,6 +20,7 @@ namespace {
 
 using vmmc::nx::detail::checked;
 using vmmc::nx::detail::info;
+using vmmc::nx::detail::nx_call;
 using vmmc::nx::detail::or_die;
 using vmmc::nx::detail::request;
 using vmmc::nx::detail::runtime;
@@ -37,6 +38,7 @@ void set_msginfo(const info& m) {
 // The operations, each returning an NX code; results through out-parameters.
 
 int do_send(long type, char* buf, long count, long node, long ptype_unused, long* mid) {
+  nx_call guard;
   (void)ptype_unused;  // one process per node: the ptype addresses nothing more
   runtime& r = rt();
   request* req = nullptr;
@@ -73,6 +75,7 @@ int finish_receive(request* req, long* count_out = nullptr) {
 }
 
 int do_recv(long typesel, char* buf, long count, long nodesel, long ptypesel, long* info_out) {
+  nx_call guard;
   info got;
   int e = rt().receive({space::user, typesel, nodesel, ptypesel}, buf, count, info_out, got);
   return report_receive(e, got, nullptr);
@@ -80,6 +83,7 @@ int do_recv(long typesel, char* buf, long count, long nodesel, long ptypesel, lo
 
 int do_irecv(long typesel, char* buf, long count, long nodesel, long ptypesel, long* info_out,
              long* mid) {
+  nx_call guard;
   request* req;
   if (int e = post(typesel, buf, count, nodesel, ptypesel, info_out, req)) return e;
   *mid = req->mid;
@@ -89,6 +93,7 @@ int do_irecv(long typesel, char* buf, long count, long nodesel, long ptypesel, l
 
 int do_sendrecv(long type, char* sbuf, long scount, long node, long ptype, long typesel, char* rbuf,
                 long rcount, long* out) {
+  nx_call guard;
   request* req;
   if (int e = post(typesel, rbuf, rcount, -1, -1, nullptr, req, nullptr, false)) return e;
   if (int e = rt().send(space::user, type, sbuf, scount, node, nullptr)) {
@@ -101,6 +106,7 @@ int do_sendrecv(long type, char* sbuf, long scount, long node, long ptype, long 
 
 int do_isendrecv(long type, char* sbuf, long scount, long node, long ptype, long typesel,
                  char* rbuf, long rcount, long* mid) {
+  nx_call guard;
   // The receive's mid stands for the pair: the send is finished (or queued
   // and tracked by the runtime) before the reply can be waited for.
   request* req;
@@ -133,6 +139,7 @@ request* waitable(long mid) {
 }
 
 int do_msgwait(long mid) {
+  nx_call guard;
   runtime& r = rt();
   if (!waitable(mid)) return EQMID;
   int first = 0;
@@ -152,6 +159,7 @@ int do_msgwait(long mid) {
 }
 
 int do_msgdone(long mid, long* done) {
+  nx_call guard;
   runtime& r = rt();
   if (!waitable(mid)) return EQMID;
   r.progress();
@@ -180,6 +188,7 @@ int do_msgdone(long mid, long* done) {
 }
 
 int do_msgcancel(long mid) {
+  nx_call guard;
   runtime& r = rt();
   if (!r.find(mid)) return EQMID;
   for (long m : take_group(mid)) {
@@ -192,6 +201,7 @@ int do_msgcancel(long mid) {
 }
 
 int do_msgignore(long mid) {
+  nx_call guard;
   runtime& r = rt();
   if (!r.find(mid)) return EQMID;
   for (long m : take_group(mid))
@@ -201,6 +211,7 @@ int do_msgignore(long mid) {
 
 // Paragon's msgmerge: mid1 then stands for both (-1 for mid1: mid2 alone).
 int do_msgmerge(long mid1, long mid2, long* out) {
+  nx_call guard;
   if (!waitable(mid2) || (mid1 != -1 && !waitable(mid1))) return EQMID;
   if (mid1 == -1 || mid1 == mid2) {
     *out = mid2;
@@ -215,6 +226,7 @@ int do_msgmerge(long mid1, long mid2, long* out) {
 
 int do_probe(long typesel, long nodesel, long ptypesel, long* info_out, bool block,
              long* found_out) {
+  nx_call guard;
   bool found = false;
   info m;
   int e = rt().probe({space::user, typesel, nodesel, ptypesel}, block, found, m);
@@ -229,6 +241,7 @@ int do_probe(long typesel, long nodesel, long ptypesel, long* info_out, bool blo
 
 int do_hrecv(long typesel, char* buf, long count, long nodesel, long ptypesel, nx_handler h,
              nx_handlerx hx, long hparam, long* mid) {
+  nx_call guard;
   if (!h && !hx) return EQHND;
   request how;
   how.handler = h;
@@ -245,6 +258,7 @@ int do_hrecv(long typesel, char* buf, long count, long nodesel, long ptypesel, n
 // count, node and ptype once the buffer may be reused.
 int do_hsend(long type, char* buf, long count, long node, nx_handler h, nx_handlerx hx,
              long hparam) {
+  nx_call guard;
   if (!h && !hx) return EQHND;
   runtime& r = rt();
   request* req = nullptr;
@@ -261,6 +275,7 @@ int do_hsend(long type, char* buf, long count, long node, nx_handler h, nx_handl
 // hsendrecv: sends, and the handler runs when the reply is in rbuf.
 int do_hsendrecv(long type, char* sbuf, long scount, long node, long typesel, char* rbuf,
                  long rcount, nx_handler h) {
+  nx_call guard;
   long mid = 0;
   if (int e = do_hrecv(typesel, rbuf, rcount, -1, -1, h, nullptr, 0, &mid)) return e;
   if (int e = rt().send(space::user, type, sbuf, scount, node, nullptr)) {
@@ -273,6 +288,7 @@ int do_hsendrecv(long type, char* sbuf, long scount, long node, long typesel, ch
 
 // gsendx: one message to each node of a list.
 int do_gsendx(long type, char* buf, long count, const long nodes[], long nodecount) {
+  nx_call guard;
   if (nodecount < 0 || (nodecount > 0 && !nodes)) return EQPARAM;
   for (long i = 0; i < nodecount; ++i)
     if (nodes[i] < 0 || nodes[i] >= rt().nodes()) return EQNODE;
@@ -284,6 +300,7 @@ int do_gsendx(long type, char* buf, long count, const long nodes[], long nodecou
 // flushmsg: discards the selected messages that have arrived (msginfo and
 // info[] are left alone).
 int do_flushmsg(long typesel, long nodesel, long ptypesel) {
+  nx_call guard;
   const selector sel{space::user, typesel, nodesel, ptypesel};
   for (;;) {
     bool found = false;
@@ -441,15 +458,19 @@ long _iprobex(long typesel, long nodesel, long ptypesel, long info[]) {
 }
 
 long infocount(void) {
+  nx_call guard;  // a handler thread's receives change it for a while
   return msginfo[NX_INFO_COUNT];
 }
 long infonode(void) {
+  nx_call guard;  // a handler thread's receives change it for a while
   return msginfo[NX_INFO_NODE];
 }
 long infotype(void) {
+  nx_call guard;  // a handler thread's receives change it for a while
   return msginfo[NX_INFO_TYPE];
 }
 long infoptype(void) {
+  nx_call guard;  // a handler thread's receives change it for a while
   return msginfo[NX_INFO_PTYPE];
 }
 
@@ -478,6 +499,7 @@ long _hrecvx(long typesel, char* buf, long count, long nodesel, long ptypesel, n
   return checked(e, mid);
 }
 long masktrap(long state) {
+  nx_call guard;
   return rt().mask(state);
 }
 
@@ -497,6 +519,7 @@ void setptype(long ptype) {
 }
 long _setptype(long ptype) {
   if (ptype < 0) return checked(EQPID);
+  nx_call guard;
   rt().ptype = ptype;
   return 0;
 }
@@ -510,6 +533,7 @@ long mclock(void) {
       duration_cast<milliseconds>(steady_clock::now().time_since_epoch()).count());
 }
 void flick(void) {
+  nx_call guard;
   runtime& r = rt();
   r.progress();
   r.run_handlers();
@@ -520,6 +544,7 @@ void killproc(long node, long ptype) {
 }
 long _killproc(long node, long ptype) {
   (void)ptype;
+  nx_call guard;
   return checked(rt().kill_node(node));
 }
 

@@ -6,11 +6,14 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 
 #include "parse.h"
 
@@ -56,11 +59,49 @@ class launcher_socket final : public bootstrap {
   int fd_;
 };
 
+// Set once the node ends in order: PMIx_Finalize drops the connection too.
+std::atomic<bool> pmix_finishing{false};
+
+// Runs on PMIx's own thread when the connection to the local PMIx server
+// (mpirun, or its daemon; slurmstepd under srun) breaks: the launcher is
+// gone, so is the job. Open MPI's own processes end then (an MPI_Recv job
+// whose mpirun got SIGKILL left nothing here); without this, a killed
+// launcher left its nodes waiting for ever.
+void launcher_lost(std::size_t, pmix_status_t status, const pmix_proc_t*, pmix_info_t*, std::size_t,
+                   pmix_info_t*, std::size_t, pmix_event_notification_cbfunc_fn_t done,
+                   void* done_data) {
+  if (!pmix_finishing.load()) {
+    char line[160];
+    int n = std::snprintf(line, sizeof line, "nx: node %s: lost the launcher (PMIx: %s), ending\n",
+                          std::getenv("PMIX_RANK") ? std::getenv("PMIX_RANK") : "?",
+                          PMIx_Error_string(status));
+    if (n > 0) (void)!::write(STDERR_FILENO, line, std::min<std::size_t>(n, sizeof line - 1));
+    std::_Exit(1);  // peers see this node die, not end in order
+  }
+  if (done) done(PMIX_EVENT_NO_ACTION_TAKEN, nullptr, 0, nullptr, nullptr, done_data);
+}
+
 class pmix final : public bootstrap {
  public:
   bool init() {
     if (pmix_status_t rc = PMIx_Init(&me_, nullptr, 0); rc != PMIX_SUCCESS) {
       std::fprintf(stderr, "nx: PMIx_Init failed: %s\n", PMIx_Error_string(rc));
+      return false;
+    }
+    // PMIx 4 names the event PMIX_ERR_LOST_CONNECTION; 2 and 3 named it
+    // PMIX_ERR_LOST_CONNECTION_TO_SERVER (still defined, deprecated).
+    pmix_status_t lost[] = {
+#ifdef PMIX_ERR_LOST_CONNECTION
+        PMIX_ERR_LOST_CONNECTION,
+#endif
+#ifdef PMIX_ERR_LOST_CONNECTION_TO_SERVER
+        PMIX_ERR_LOST_CONNECTION_TO_SERVER,
+#endif
+    };
+    pmix_status_t rc = PMIx_Register_event_handler(lost, std::size(lost), nullptr, 0, launcher_lost,
+                                                   nullptr, nullptr);
+    if (rc < 0) {
+      std::fprintf(stderr, "nx: PMIx cannot watch the launcher: %s\n", PMIx_Error_string(rc));
       return false;
     }
     rank = me_.rank;
@@ -103,7 +144,10 @@ class pmix final : public bootstrap {
     }
     return out;
   }
-  void finish() override { PMIx_Finalize(nullptr, 0); }
+  void finish() override {
+    pmix_finishing = true;
+    PMIx_Finalize(nullptr, 0);
+  }
 
  private:
   static constexpr const char* key = "vmmc.nx.blob";

@@ -18,6 +18,7 @@ namespace {
 
 using vmmc::nx::detail::check_buffer;
 using vmmc::nx::detail::checked;
+using vmmc::nx::detail::nx_call;
 using vmmc::nx::detail::or_die;
 using vmmc::nx::detail::request;
 using vmmc::nx::detail::runtime;
@@ -39,6 +40,7 @@ int send_internal(runtime& r, long tag, long to, const void* buf, std::size_t by
 // Combines `in` into `acc` (`bytes` long).
 template <class Combine>
 int all_reduce(void* x, std::size_t bytes, Combine combine) {
+  nx_call guard;
   runtime& r = runtime::instance();
   const long n = r.nodes(), me = r.node(), tag = r.next_collective();
   if (n == 1) return 0;
@@ -89,6 +91,7 @@ int reduce(T* x, long count, Op op) {
 // Gathers every node's piece at node 0, in node order, then sends the whole
 // to everyone. `lengths` known on every node (gcolx) or learnt (gcol).
 int collect(const char* x, long xlen, char* y, long ylen, long* total_out) {
+  nx_call guard;
   runtime& r = runtime::instance();
   if (int e = check_buffer(x, xlen)) return e;
   if (int e = check_buffer(y, ylen)) return e;
@@ -148,6 +151,7 @@ int opf(char* x, long xlen, nx_combine f) {
 
 int colx(char* x, long xlens[], char* y) {
   if (!xlens) return EQPBUF;
+  nx_call guard;
   runtime& r = runtime::instance();
   long total = 0;
   for (long i = 0; i < r.nodes(); ++i) total += xlens[i];

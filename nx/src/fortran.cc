@@ -23,8 +23,12 @@
 #include <vector>
 
 #include "nx.h"
+#include "runtime.h"
 
 namespace {
+
+// `pending` is shared with handlers, which may run on the handler thread.
+using guard = vmmc::nx::detail::nx_call;
 
 using f_int = std::int32_t;  // INTEGER, LOGICAL
 using f_handler = void (*)(const f_int*, const f_int*, const f_int*, const f_int*);
@@ -126,6 +130,7 @@ NX_FORTRAN(f_int, irecv, (in typesel, char* buf, in count)) {
   return static_cast<f_int>(irecv(*typesel, buf, *count));
 }
 NX_FORTRAN(f_int, irecvx, (in typesel, char* buf, in count, in nodesel, in ptypesel, f_int* info)) {
+  guard held;
   auto* p = new pending_info{{LONG_MIN}, info};
   long mid = irecvx(*typesel, buf, *count, *nodesel, *ptypesel, p->values);
   pending.emplace(mid, p);
@@ -137,10 +142,12 @@ NX_FORTRAN(f_int, isendrecv,
       isendrecv(*type, sbuf, *scount, *node, *ptype, *typesel, rbuf, *rcount));
 }
 NX_FORTRAN(void, msgwait, (in mid)) {
+  guard held;
   msgwait(*mid);
   deliver_infos();
 }
 NX_FORTRAN(f_int, msgdone, (in mid)) {
+  guard held;
   long done = msgdone(*mid);
   if (done) deliver_infos();
   return static_cast<f_int>(done);

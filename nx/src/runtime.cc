@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -116,7 +117,11 @@ const char* describe(int code) {
   runtime* rt = runtime::current();
   long node = rt ? rt->node() : -1L;
   long peer = rt ? rt->failed_node() : -1L;
-  if (peer >= 0 && (code == EQBADNODE || code == EQDRVERR))
+  if (peer >= 0 && code == EQBADNODE && rt->failed_node_ended())
+    std::fprintf(stderr,
+                 "nx: node %ld: %s: node %ld ended (it exited) while this call waited for it\n",
+                 node, call, peer);
+  else if (peer >= 0 && (code == EQBADNODE || code == EQDRVERR))
     std::fprintf(stderr, "nx: node %ld: %s: %s (node %ld)\n", node, call, describe(code), peer);
   else
     std::fprintf(stderr, "nx: node %ld: %s: %s\n", node, call, describe(code));
@@ -257,7 +262,23 @@ bool runtime::start() {
       }
     }
   }
-  return true;
+  // Every node waits until all the others imported what they need of it
+  // (channels, mailboxes): the exporter must be there to answer an import,
+  // so a node that sent its messages and exited at once broke a slower
+  // node's start-up (about 1 run in 9 of two nodes).
+  for (long j = 0; j < nodes_; ++j)
+    if (j != node_) send_control(j, wire::control_type::ready);
+  bool late = false;
+  int e =
+      wait_until([&] { return ready_peers_ == nodes_ - 1 || (late = clock::now() > deadline); });
+  for (long j = 0; !e && late && j < nodes_; ++j) {
+    peer& p = peers_[static_cast<std::size_t>(j)];
+    if (j != node_ && !p.ready) {
+      std::fprintf(stderr, "nx: node %ld did not finish its start-up\n", j);
+      return false;
+    }
+  }
+  return e == 0;
 }
 
 void runtime::finish_at_exit() {
@@ -268,7 +289,13 @@ void runtime::finish_at_exit() {
 // so that peers tell this exit from a crash.
 void runtime::finish() {
   if (dying_) return;
+  stop_handler_thread();
   dying_ = true;
+  // The end goes behind everything sent to each peer: once it takes it in,
+  // it has all of our messages, and its waits for more from us fail.
+  for (long j = 0; j < nodes_; ++j)
+    if (j != node_ && !peers_[static_cast<std::size_t>(j)].closed)
+      send_control(j, wire::control_type::end);
   auto deadline = clock::now() + std::chrono::seconds(30);
   (void)wait_until([&] {
     if (clock::now() > deadline) return true;
@@ -316,6 +343,7 @@ request* runtime::new_request(bool is_send, bool tracked) {
 
 void runtime::recycle(request* r) {
   if (r->mid) requests_.erase(r->mid);
+  if (r->handler || r->handlerx) --with_handler_;
   *r = request{};
   spare_.push_back(r);
 }
@@ -419,6 +447,7 @@ int runtime::send(space where, long type, const void* data, long count, long nod
 int runtime::send_to(long j, wire::header& header, const std::byte* data, std::size_t length,
                      request* r, long& queued) {
   peer& p = peers_[static_cast<std::size_t>(j)];
+  if (p.ended) return 0;  // it reads nothing more: dropped
   header.sequence = p.next_sequence++;
   if (length <= wire::mailbox_payload_max && !p.closed) {
     result<bool> placed = p.mail->try_send(header, data);
@@ -488,8 +517,73 @@ int runtime::write_failed(peer& p, std::error_code error) {
     p.closed = true;
     return 0;
   }
-  failed_node_ = &p - peers_.data();
-  return failure_ = error == errc::peer_gone ? EQBADNODE : EQDRVERR;
+  return fail_job(&p - peers_.data(), error == errc::peer_gone ? EQBADNODE : EQDRVERR);
+}
+
+int runtime::fail_job(long node, int code) {
+  failed_node_ = node;
+  failed_node_ended_ = false;
+  return failure_ = code;
+}
+
+void runtime::send_control(long to, wire::control_type what) {
+  auto h = wire::make_header(wire::control_space, static_cast<long>(what), 0, ptype);
+  long queued = 0;
+  (void)send_to(to, h, nullptr, 0, nullptr, queued);  // a failure is the job's: waits see it
+}
+
+void runtime::on_control(long from, long what) {
+  peer& p = peers_[static_cast<std::size_t>(from)];
+  if (what == static_cast<long>(wire::control_type::ready) && !p.ready) {
+    p.ready = true;
+    ++ready_peers_;
+  } else if (what == static_cast<long>(wire::control_type::end)) {
+    peer_ended(from);
+  }
+}
+
+// Node j ended in order and everything it sent has been taken in: receives
+// that only it could satisfy fail, and what is still queued toward it is
+// dropped (it reads nothing more).
+void runtime::peer_ended(long j) {
+  peer& p = peers_[static_cast<std::size_t>(j)];
+  if (p.ended) return;
+  p.ended = p.closed = true;
+  ++ended_peers_;
+  last_ended_ = j;
+  for (outgoing& o : p.queue)
+    if (o.owner) sent_one(o.owner);
+  p.queue.clear();
+  for (auto it = posted_.begin(); it != posted_.end();) {
+    request* r = *it;
+    if (r->sel.node != j || r->handler || r->handlerx) {
+      ++it;
+      continue;
+    }
+    it = posted_.erase(it);
+    fail_receive(r, j);
+  }
+}
+
+long runtime::ended_sender_slow(const selector& sel) const {
+  if (sel.node >= 0)
+    return sel.node != node_ && peers_[static_cast<std::size_t>(sel.node)].ended ? sel.node : -1;
+  return ended_peers_ == nodes_ - 1 ? last_ended_ : -1;
+}
+
+int runtime::blame_ended(long j) {
+  if (!failure_) {
+    failed_node_ = j;
+    failed_node_ended_ = true;
+  }
+  return EQBADNODE;
+}
+
+void runtime::fail_receive(request* r, long ended) {
+  completed_ = true;
+  r->error = blame_ended(ended);
+  r->done = true;
+  if (r->released) recycle(r);
 }
 
 void runtime::sent_one(request* owner) {
@@ -508,6 +602,7 @@ void runtime::notify_sent(request* r, const request& how, const info& what) {
   r->got = what;
   r->released = true;  // the handler owns completion: no msgwait
   if (r->done) handlers_due_.push_back(r);
+  serve_handlers();
 }
 
 // ---------------------------------------------------------------- receiving
@@ -532,6 +627,7 @@ int runtime::post_receive(const selector& sel, void* buffer, long count, request
     r->handler = how->handler;
     r->handlerx = how->handlerx;
     r->hparam = how->hparam;
+    if (r->handler || r->handlerx) serve_handlers();
   }
   out = r;
   // Messages already taken in come first; one still in a mailbox or ring is
@@ -549,6 +645,12 @@ int runtime::post_receive(const selector& sel, void* buffer, long count, request
       bind(p, r, it->received);
     }
     arrivals_.erase(it);
+    return 0;
+  }
+  // From a node that ended: nothing more will come (from any node: this
+  // node may still send it to itself).
+  if (long j = ended_sender(sel); j >= 0 && sel.node >= 0 && !r->handler && !r->handlerx) {
+    fail_receive(r, j);
     return 0;
   }
   posted_.push_back(r);
@@ -593,8 +695,7 @@ void runtime::drain(long from) {
       wire::header h;
       std::memcpy(&h, p.header, header_bytes);
       if (!wire::valid(h)) {
-        failed_node_ = from;
-        failure_ = EQDRVERR;
+        fail_job(from, EQDRVERR);
         return;
       }
       if (h.sequence != p.expected) return;  // a mailbox message comes first
@@ -672,8 +773,7 @@ inline const wire::mailbox_slot* runtime::next_mail(long from) {
   if (!slot || slot->h.sequence != p.expected) return nullptr;
   const wire::header& h = slot->h;
   if (!wire::valid_in_mailbox(h)) {
-    failed_node_ = from;
-    failure_ = EQDRVERR;
+    fail_job(from, EQDRVERR);
     return nullptr;
   }
   return slot;
@@ -700,6 +800,7 @@ void runtime::begin_message(long from, const wire::header& h) {
   p.pending = nullptr;
   p.destination = nullptr;
   p.destination_left = 0;
+  if (p.where == space::control) return on_control(from, p.current.type);
   for (auto it = posted_.begin(); it != posted_.end(); ++it) {
     if ((*it)->sel.matches(p.where, p.current)) {
       request* r = *it;
@@ -772,7 +873,8 @@ int runtime::probe(const selector& sel, bool block, bool& found, info& out) {
   };
   progress();
   if (look() || !block) return failure_;
-  return wait_until(look);
+  if (int e = wait_until([&] { return look() || ended_sender(sel) >= 0; })) return e;
+  return found ? 0 : blame_ended(ended_sender(sel));
 }
 
 int runtime::receive(const selector& sel, void* buffer, long count, long* user_info, info& got) {
@@ -845,8 +947,11 @@ bool runtime::receive_from_mailbox(const selector& sel, std::byte* buffer, std::
 
 int runtime::wait(request* r) {
   if (r->done) return r->error;
-  if (int e = wait_until([r] { return r->done; })) return e;
-  return r->error;
+  // A receive from a named node that ended failed already (peer_ended); one
+  // from any node fails here once all the others ended.
+  auto hopeless = [this, r] { return !r->is_send && ended_sender(r->sel) >= 0; };
+  if (int e = wait_until([&] { return r->done || hopeless(); })) return e;
+  return r->done ? r->error : blame_ended(ended_sender(r->sel));
 }
 
 template <class Ready>
@@ -856,6 +961,12 @@ int runtime::wait_until(Ready ready) {
     progress();
     if (ready()) return 0;
     if (failure_) return failure_;
+    // A handler runs when its message arrives, also while the node waits
+    // for something else (an hrecv server answering during gsync).
+    if (!handlers_due_.empty()) {
+      run_due_handlers();
+      if (ready()) return 0;
+    }
     if ((turn & 31) != 0) continue;
     // More nodes than cores: let the peer we wait for run. Otherwise the
     // launchers bind each node to its own core, and yielding would only hand
@@ -875,18 +986,117 @@ int runtime::wait_until(Ready ready) {
 // is on its way" means poll again instead.
 void runtime::sleep_a_little() {
   int timeout_ms = bell_->fd() < 0 ? 1 : 100;
+  if (!arm_doorbell(timeout_ms)) return;
+  pollfd f{bell_->fd(), POLLIN, 0};
+  ::poll(&f, f.fd < 0 ? 0 : 1, timeout_ms);
+  bell_->drain();
+  // This arming replaced the handler thread's, and the ring that answered
+  // it is drained: the thread must arm again once this call is over.
+  if (kick_fd_ >= 0) {
+    const std::uint64_t one = 1;
+    (void)!::write(kick_fd_, &one, sizeof one);
+  }
+}
+
+bool runtime::arm_doorbell(int& timeout_ms) {
   for (long j = 0; j < nodes_; ++j) {
     if (j == node_) continue;
     peer& p = peers_[static_cast<std::size_t>(j)];
     if (p.remote) timeout_ms = 1;
     if (p.closed || p.channel->peer_closed()) continue;
-    if (!p.mail->prepare_sleep()) return;
-    if (!p.channel->prepare_sleep(redirect::sleep_reason::data)) return;
-    if (!p.queue.empty() && !p.channel->prepare_sleep(redirect::sleep_reason::space)) return;
+    if (!p.mail->prepare_sleep()) return false;
+    if (!p.channel->prepare_sleep(redirect::sleep_reason::data)) return false;
+    if (!p.queue.empty() && !p.channel->prepare_sleep(redirect::sleep_reason::space)) return false;
   }
-  pollfd f{bell_->fd(), POLLIN, 0};
-  ::poll(&f, f.fd < 0 ? 0 : 1, timeout_ms);
-  bell_->drain();
+  return true;
+}
+
+// ---------------------------------------------------------------- the handler thread
+// On the Paragon a handler ran when its message arrived, interrupting the
+// computation. Here a thread started with the first handler receive drives
+// progress while the program is outside NX calls: it sleeps on the
+// doorbell (armed like any waiter, so a peer's next message rings it),
+// takes in what came and runs the due handlers. It holds the calls' lock
+// while it does, so it never runs beside an NX call of the program (which
+// runs due handlers itself while it waits), and masktrap(1) returns only
+// once no handler runs.
+
+// A request with a handler is outstanding: the thread serves until none is.
+void runtime::serve_handlers() {
+  ++with_handler_;
+  if (handler_thread_.joinable()) {
+    const std::uint64_t one = 1;  // it may be idle: wake it to arm the doorbell
+    (void)!::write(kick_fd_, &one, sizeof one);
+    return;
+  }
+  start_handler_thread();
+}
+
+void runtime::start_handler_thread() {
+  if (dying_) return;
+  // Called inside an NX call (hrecv ...) that did not take the lock: it
+  // takes it now, and its nx_call releases it at the end of the call.
+  if (!call_locked && call_depth > 0) {
+    calls_.lock();
+    call_locked = true;
+  }
+  threaded_ = true;
+  kick_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  handler_thread_ = std::thread([this] { handler_thread_main(); });
+}
+
+void runtime::stop_handler_thread() {
+  if (!handler_thread_.joinable()) return;
+  const bool held = call_locked;  // exit() called inside an NX call or a handler
+  if (!held) calls_.lock();
+  stop_handlers_ = true;
+  if (!held) calls_.unlock();
+  if (held || handler_thread_.get_id() == std::this_thread::get_id()) {
+    handler_thread_.detach();  // it stops at its next turn, or goes with the process
+    return;
+  }
+  const std::uint64_t one = 1;
+  (void)!::write(kick_fd_, &one, sizeof one);
+  handler_thread_.join();
+  ::close(kick_fd_);
+  kick_fd_ = -1;
+}
+
+void runtime::handler_thread_main() {
+  call_depth = 1;  // the handlers' NX calls are inside this thread's turn
+  std::unique_lock lock(calls_);
+  call_locked = true;  // for exit() in a handler (stop_handler_thread)
+  while (!stop_handlers_) {
+    bell_->drain();
+    std::uint64_t kicks;
+    (void)!::read(kick_fd_, &kicks, sizeof kicks);
+    // With no handler receive (or hsend) outstanding it leaves the
+    // program's messages to the program's calls: then it sleeps until one
+    // is posted.
+    const bool serving = with_handler_ > 0;
+    if (serving) {
+      progress();
+      run_handlers();
+    }
+    if (stop_handlers_) break;
+    int timeout_ms = bell_->fd() < 0 ? 1 : 100;
+    const bool armed = !serving || failure_ || arm_doorbell(timeout_ms);
+    if (!serving) timeout_ms = kick_fd_ >= 0 ? -1 : 100;  // no eventfd: look now and then
+    call_locked = false;
+    lock.unlock();
+    if (armed) {
+      // The doorbell, and the program's kick after it slept in a call.
+      pollfd f[2] = {{kick_fd_, POLLIN, 0}, {serving ? bell_->fd() : -1, POLLIN, 0}};
+      ::poll(f, 2, timeout_ms);
+    } else {
+      // Something is on its way: let it land without taking the lock back
+      // at once (the program's next call may want it).
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+    lock.lock();
+    call_locked = true;
+  }
+  call_locked = false;
 }
 
 void runtime::check_peers() {
@@ -895,10 +1105,6 @@ void runtime::check_peers() {
     if (j == node_) continue;
     peer& p = peers_[static_cast<std::size_t>(j)];
     if (p.closed || !p.channel->peer_gone()) continue;
-    if (p.channel->peer_closed()) {
-      p.closed = true;
-      continue;
-    }
     // Its messages that arrived before it went are taken in first, as the
     // bytes before a stream's end: a node that sent its part of a gsync and
     // exited at once must not fail the others' gsync.
@@ -906,8 +1112,14 @@ void runtime::check_peers() {
       progress();
       drained = true;
     }
-    failed_node_ = j;
-    failure_ = EQBADNODE;
+    if (p.closed) continue;  // its end came meanwhile
+    if (p.channel->peer_closed()) {
+      // Ended its stream but its end message is not here: nothing more can
+      // come from a process that is gone.
+      peer_ended(j);
+      continue;
+    }
+    fail_job(j, EQBADNODE);
     std::fprintf(stderr, "nx: node %ld: node %ld died\n", node_, j);
   }
 }
@@ -915,8 +1127,11 @@ void runtime::check_peers() {
 // ---------------------------------------------------------------- handlers, control
 
 void runtime::run_due_handlers() {
-  if (masked_ || in_handler_) return;
+  if (masked_ || in_handler_ || dying_) return;
   in_handler_ = true;
+  // A handler's own receives leave the interrupted program's msginfo as it was.
+  long saved[8];
+  std::memcpy(saved, msginfo, sizeof saved);
   while (!handlers_due_.empty() && !masked_) {
     request* r = handlers_due_.front();
     handlers_due_.pop_front();
@@ -927,6 +1142,7 @@ void runtime::run_due_handlers() {
       r->handler(m.type, m.count, m.node, m.ptype);
     recycle(r);
   }
+  std::memcpy(msginfo, saved, sizeof saved);
   in_handler_ = false;
 }
 

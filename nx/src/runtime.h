@@ -12,9 +12,14 @@
 // block each other; a waiter busy-polls briefly, then sleeps on its doorbell.
 //
 // Error results are NX codes (EQ* from <nx.h>), 0 for success.
-// Not thread-safe: NX programs call it from one thread.
+// NX programs call it from one thread. Once a handler receive (hrecv ...)
+// has been posted, a handler thread also drives progress while the program
+// computes outside NX calls and runs due handlers there; from then on every
+// NX call holds the runtime's lock (nx_call), so the two never run in it at
+// once, and a handler never runs concurrently with another or nested.
 #pragma once
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstddef>
@@ -22,8 +27,10 @@
 #include <deque>
 #include <list>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -36,7 +43,7 @@
 
 namespace vmmc::nx::detail {
 
-enum class space : std::uint8_t { user = 1, internal = 2 };
+enum class space : std::uint8_t { user = 1, internal = 2, control = wire::control_space };
 
 struct info {
   long type = 0, count = 0, node = 0, ptype = 0;
@@ -89,8 +96,11 @@ class runtime {
 
   long node() const { return node_; }
   long nodes() const { return nodes_; }
-  // The peer whose failure set the sticky error, or -1.
+  // The peer the last EQBADNODE is about (it died, or it ended while a call
+  // waited for it), or -1.
   long failed_node() const { return failed_node_; }
+  // Whether that peer ended in order (exit) rather than died.
+  bool failed_node_ended() const { return failed_node_ended_; }
   long ptype = 0;
 
   // Sends to `node` (-1: all others). With `async` null, returns when `data`
@@ -133,6 +143,10 @@ class runtime {
   }
   long mask(long state);
   int kill_node(long node);
+
+  // Whether NX calls must take the lock: a handler thread runs.
+  static bool threaded() { return threaded_.load(std::memory_order_relaxed); }
+  static std::mutex& calls() { return calls_; }
   // Sequence number of the next collective (the same on every node).
   long next_collective() { return ++collectives_; }
 
@@ -157,7 +171,9 @@ class runtime {
     std::uint32_t next_sequence = 0;   // of our next message to this peer
     std::uint32_t expected = 0;        // sequence of its next message to us
     bool remote = false;  // other host: doorbells do not reach it
-    bool closed = false;  // ended its stream (orderly exit)
+    bool closed = false;  // ended its stream (orderly exit), or killed by us
+    bool ready = false;   // its start-up is complete (wire::ready came)
+    bool ended = false;   // its last message came (wire::end): nothing more will
     pid_t pid = 0;
     std::deque<outgoing> queue;
     // the message being read
@@ -205,12 +221,41 @@ class runtime {
   void complete_receive(request* r, const info& m, space where);
   void deliver_local(space where, long type, const std::byte* data, std::size_t length);
   void sent_one(request* owner);
+  void send_control(long to, wire::control_type what);
+  void on_control(long from, long what);
+  void peer_ended(long j);
+  // A node that ended and so can never send what `sel` selects: the one
+  // named by it, or, for any node, the last of all the others to end; -1
+  // while someone may still send it.
+  long ended_sender(const selector& sel) const {
+    return ended_peers_ == 0 ? -1 : ended_sender_slow(sel);
+  }
+  long ended_sender_slow(const selector& sel) const;
+  // Fails a wait on node j's account: EQBADNODE, and j named by fatal().
+  int blame_ended(long j);
+  void fail_receive(request* r, long ended);
+  int fail_job(long node, int code);
   void sleep_a_little();
+  // Asks every peer to ring this node's doorbell when it next writes (data,
+  // or space toward a peer with queued sends); false when something is on
+  // its way already (poll again instead of sleeping). `timeout_ms` becomes
+  // 1 when a peer cannot ring (other host).
+  bool arm_doorbell(int& timeout_ms);
+  void serve_handlers();
+  void start_handler_thread();
+  void stop_handler_thread();
+  void handler_thread_main();
   void check_peers();
   template <class Ready>
   int wait_until(Ready ready);
 
   static inline runtime* current_ = nullptr;  // this process's node, once started
+  static inline std::atomic<bool> threaded_{false};
+  static inline std::mutex calls_;
+  std::thread handler_thread_;
+  int kick_fd_ = -1;            // eventfd: wakes the handler thread to arm again
+  long with_handler_ = 0;       // outstanding requests with a handler
+  bool stop_handlers_ = false;  // under calls_
   std::unique_ptr<bootstrap> boot_;
   std::optional<core::context> context_;
   std::unique_ptr<doorbell> bell_;
@@ -227,9 +272,37 @@ class runtime {
   bool completed_ = false;  // progress() completed a posted receive
   int failure_ = 0;
   long failed_node_ = -1;
+  bool failed_node_ended_ = false;
+  long ready_peers_ = 0, ended_peers_ = 0, last_ended_ = -1;
   std::chrono::microseconds spin_{0};
   bool oversubscribed_ = false;
   std::vector<std::byte> scratch_;
+};
+
+// NX calls on this thread, counting nested ones (a handler's calls, gsendx's
+// sends); initial-exec: one %fs access, no __tls_get_addr on the fast path.
+[[gnu::tls_model("initial-exec")]] inline thread_local int call_depth = 0;
+[[gnu::tls_model("initial-exec")]] inline thread_local bool call_locked = false;
+
+// Held for the length of every NX call that touches the runtime: takes the
+// runtime's lock at the outermost call once a handler thread runs. Without
+// handlers it costs two thread-local updates and a load.
+class nx_call {
+ public:
+  nx_call() {
+    if (call_depth++ == 0 && runtime::threaded()) {
+      runtime::calls().lock();
+      call_locked = true;
+    }
+  }
+  ~nx_call() {
+    if (--call_depth == 0 && call_locked) {
+      call_locked = false;
+      runtime::calls().unlock();
+    }
+  }
+  nx_call(const nx_call&) = delete;
+  nx_call& operator=(const nx_call&) = delete;
 };
 
 // Prints "nx: <call>: <reason>" and exits with status 1 (peers see this

@@ -18,8 +18,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const bool valid = wire::valid(h);
   if (valid) {
     check(h.magic[0] == 'N' && h.magic[1] == 'X' && h.version == wire::version);
-    check(h.space == 1 || h.space == 2);
+    check(h.space == 1 || h.space == 2 || h.space == wire::control_space);
     check(h.length >= 0 && h.type >= 0 && h.type <= wire::max_type);
+    check(h.space != wire::control_space || h.length == 0);
     std::size_t total = 0;  // take_whole: header and payload in one read
     check(!__builtin_add_overflow(sizeof h, static_cast<std::size_t>(h.length), &total));
     // What the sender builds for these fields is accepted too.

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -608,6 +609,194 @@ void too_long_plain() {
   gsync();
 }
 
+// ---------------------------------------------------------------- nodes that end
+// A node that ends in order (returns from main, exit) delivers what it sent;
+// waits that only it could satisfy fail with EQBADNODE within 1 s, the
+// others go on.
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// How long a wait may take to fail once the node it waits for ended.
+double ended_bound() {
+  return 1.0 * vmmc::test::time_scale();
+}
+
+void ended() {
+  const long last = nodes - 1;
+  const long sizes[] = {0, 64, 4096, 1L << 20};
+  gsync();
+  if (me == last) {
+    // Messages sent just before the end: every one is delivered.
+    for (long i = 0; i < 4; ++i) {
+      auto a = payload(i, sizes[i]);
+      csend(300 + i, a.data(), sizes[i], 0, 0);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    return;  // main returns 0: an orderly end
+  }
+  const auto start = std::chrono::steady_clock::now();
+  char b[8];
+  if (me == 0) {
+    // Waits for node `last` while it ends: fails, not hangs.
+    CHECK(_crecvx(310, b, sizeof b, last, -1, nullptr) == -1 && errno == EQBADNODE);
+    const double took = seconds_since(start);
+    std::printf("node 0: receive from an ended node failed after %.3f s\n", took);
+    CHECK(took < 0.3 + ended_bound());
+    // What it sent before it ended was delivered, in order.
+    std::vector<char> buf(1 << 20);
+    for (long i = 0; i < 4; ++i) {
+      CHECK(_crecvx(-1, buf.data(), 1 << 20, last, -1, nullptr) == 0);
+      CHECK(infotype() == 300 + i && infocount() == sizes[i] &&
+            is_payload(buf.data(), i, sizes[i]));
+    }
+    // A receive posted later fails at once; other nodes still answer.
+    CHECK(_crecvx(311, b, sizeof b, last, -1, nullptr) == -1 && errno == EQBADNODE);
+    long mid = _irecvx(312, b, sizeof b, last, -1, nullptr);
+    CHECK(mid > 0 && _msgwait(mid) == -1 && errno == EQBADNODE);
+    if (nodes > 2) {
+      csend(320, b, 1, 1, 0);
+      crecv(321, b, 1);
+    }
+  } else if (me == 1) {
+    // A blocking probe and an irecv+msgwait on the ended node.
+    long mid = irecvx(313, b, sizeof b, last, -1, nullptr);
+    CHECK(_cprobex(314, last, -1, nullptr) == -1 && errno == EQBADNODE);
+    CHECK(seconds_since(start) < 0.3 + ended_bound());
+    CHECK(_msgwait(mid) == -1 && errno == EQBADNODE);
+    crecv(320, b, 1);
+    csend(321, b, 1, 0, 0);
+  }
+  // A collective that needs the ended node fails on every node: on those
+  // that wait for it, then on those that wait for them, as they end.
+  CHECK(_gsync() == -1 && errno == EQBADNODE);
+}
+
+void ended_plain() {
+  // The last node returns from main while the others enter gsync: the plain
+  // form ends the job with a message that names it.
+  gsync();
+  if (me == nodes - 1) return;
+  gsync();
+}
+
+void send_then_exit() {
+  // Node 0 sends and ends at once (its first NX call is the send, so it
+  // also ends before node 1 may have finished starting); node 1 takes the
+  // messages later, all of them, then finds nothing more will come.
+  const long sizes[] = {8, 64, 1000, 4000, 300000};
+  if (me == 0) {
+    for (long i = 0; i < 5; ++i) {
+      auto a = payload(i + 40, sizes[i]);
+      csend(340 + i, a.data(), sizes[i], 1, 0);
+    }
+    return;
+  }
+  if (me != 1) return;
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  std::vector<char> buf(300000);
+  for (long i = 0; i < 5; ++i) {
+    crecv(340 + i, buf.data(), 300000);
+    CHECK(infocount() == sizes[i] && is_payload(buf.data(), i + 40, sizes[i]));
+  }
+  // Nothing more can come from anyone: a receive from any node fails.
+  CHECK(_crecv(-1, buf.data(), 8) == -1 && errno == EQBADNODE);
+}
+
+// ---------------------------------------------------------------- handlers at arrival
+// The "server by handler" pattern: node 1 serves a counter from an hrecv
+// handler; the other nodes ask (type 200, their node number) and wait for
+// the answer (type 201). The handler must run when a request arrives: while
+// node 1 waits in gsync, and while it computes with no NX call.
+
+constexpr long ask = 200, answer = 201;
+long request_in;  // the hrecv buffer
+std::atomic<long> served{0};
+std::atomic<bool> in_server{false}, overlapped{false};
+
+void serve(long type, long count, long node, long) {
+  // Never run concurrently with itself, nor nested (its csend waits).
+  if (in_server.exchange(true)) overlapped = true;
+  CHECK(type == ask && count == sizeof(long) && node == request_in);
+  long value = served.fetch_add(1) + 1;
+  csend(answer, ptr(&value), sizeof value, node, 0);
+  hrecv(ask, ptr(&request_in), sizeof request_in, serve);  // serve the next one
+  in_server = false;
+}
+
+// Every node but 1 asks `rounds` times; returns the answers' sum.
+long ask_server(long rounds) {
+  long sum = 0;
+  for (long i = 0; i < rounds; ++i) {
+    csend(ask, ptr(&me), sizeof me, 1, 0);
+    long value = 0;
+    crecv(answer, ptr(&value), sizeof value);
+    CHECK(value >= 1);
+    sum += value;
+  }
+  return sum;
+}
+
+void handler_server() {
+  const long rounds = 50, askers = nodes - 1;
+  if (me == 1) hrecv(ask, ptr(&request_in), sizeof request_in, serve);
+  gsync();  // the handler is posted before anyone asks
+
+  // 1. Node 1 waits in gsync; the others ask first, then join it.
+  if (me != 1) ask_server(rounds);
+  gsync();
+  if (me == 1) CHECK(served == askers * rounds);
+  gsync();
+
+  // 2. Node 1 computes, with no NX call, until it has served everyone.
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  if (me == 1) {
+    volatile double x = 1;
+    while (served < 2 * askers * rounds && std::chrono::steady_clock::now() < give_up)
+      for (int i = 0; i < 1000; ++i) x = x * 1.0000001 + 1e-9;
+    CHECK(served == 2 * askers * rounds);
+  } else {
+    // Each answer comes when the request arrives, not at a later poll.
+    const auto start = std::chrono::steady_clock::now();
+    ask_server(rounds);
+    const double each = seconds_since(start) / rounds;
+    if (me == 0) std::printf("node 0: answered while computing in %.1f us\n", each * 1e6);
+    CHECK(each < 0.05 * vmmc::test::time_scale());  // not the thread's 100 ms nap
+  }
+  gsync();
+
+  // 3. masktrap(1) holds the handler while node 1 computes; masktrap(0)
+  //    runs it before it returns.
+  if (me == 1) {
+    CHECK(masktrap(1) == 0);
+    gsync();
+    const long before = served;
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // node 0 asked meanwhile
+    CHECK(served == before);
+    CHECK(masktrap(0) == 1);
+    CHECK(served == before + 1);
+  } else {
+    gsync();
+    if (me == 0) ask_server(1);
+  }
+  gsync();
+  if (me == 1) CHECK(!overlapped);
+}
+
+// ---------------------------------------------------------------- launcher gone
+
+void hang() {
+  // A hung job: every node waits in crecv for a message nobody sends, until
+  // the test ends the launcher (SIGALRM ends a node the test could not).
+  alarm(static_cast<unsigned>(60 * vmmc::test::time_scale()));
+  gsync();
+  std::printf("nx_cases hang: node %ld pid %d waiting\n", me, static_cast<int>(::getpid()));
+  std::fflush(stdout);
+  char b[4];
+  crecv(999, b, 4);
+}
+
 // ---------------------------------------------------------------- faults
 // Checksummed streams of messages (tests/support/fault.h) while a node is
 // stopped or killed. Nodes learn each other's pids in-band: the faults are
@@ -758,9 +947,19 @@ void killed_mid_stream() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::string suite = argc > 1 ? argv[1] : "p2p";
+  if (suite == "send_then_exit") {
+    // Its first NX call is a send: no start-up call before it.
+    me = std::atol(std::getenv("VMMC_NX_RANK") ? std::getenv("VMMC_NX_RANK")
+                   : std::getenv("PMIX_RANK")  ? std::getenv("PMIX_RANK")
+                                               : "0");
+    nodes = 2;
+    send_then_exit();
+    if (me == 1) std::printf("nx_cases %s: ok\n", suite.c_str());
+    return 0;
+  }
   me = mynode();
   nodes = numnodes();
-  std::string suite = argc > 1 ? argv[1] : "p2p";
   if (suite == "p2p") {
     CHECK(nodes >= 2);
     basic_and_selection();
@@ -795,6 +994,16 @@ int main(int argc, char** argv) {
     killed_mid_stream();
   } else if (suite == "too_long") {
     too_long_plain();
+  } else if (suite == "handler_server") {
+    CHECK(nodes >= 2);
+    handler_server();
+  } else if (suite == "hang") {
+    hang();
+  } else if (suite == "ended") {
+    CHECK(nodes >= 2);
+    ended();
+  } else if (suite == "ended_plain") {
+    ended_plain();
   } else {
     std::fprintf(stderr, "unknown suite %s\n", suite.c_str());
     return 2;

@@ -1,12 +1,17 @@
 // tests/integration/nx/test_nx.cc: runs nx_cases suites as NX jobs, under
 // nxrun and under mpirun (PMIx), and checks how each job ends.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -29,6 +34,106 @@ std::string mpirun_program(int nodes, const std::string& program) {
 
 std::string mpirun(int nodes, const std::string& suite) {
   return mpirun_program(nodes, std::string(NX_CASES) + " " + suite);
+}
+
+// run() with stdout and stderr kept in `out`.
+int run_logged(const std::string& command, int seconds, std::string& out) {
+  const std::string log = testing::TempDir() + "nx_run.log";
+  int status = run(command + " > " + log + " 2>&1", seconds);
+  std::ifstream in(log);
+  std::stringstream text;
+  text << in.rdbuf();
+  out = text.str();
+  std::remove(log.c_str());
+  return status;
+}
+
+// A node that exits in order while others wait for it (integration.nx.exit,
+// nx_cases suites ended, ended_plain, send_then_exit), under `launch`.
+void node_exits_while_others_wait(const std::function<std::string(int, std::string)>& launch,
+                                  int nodes) {
+  std::string out;
+  // Underscore forms: each wait on it fails with EQBADNODE within 1 s, the
+  // others go on, and the job ends normally.
+  EXPECT_EQ(run_logged(launch(nodes, "ended"), 30, out), 0) << out;
+  EXPECT_NE(out.find("receive from an ended node failed"), std::string::npos) << out;
+  // Plain forms: the job ends with an error that names the node.
+  int status = run_logged(launch(nodes, "ended_plain"), 30, out);
+  EXPECT_NE(status, 0) << out;
+  EXPECT_NE(status, 124) << "the job hung: " << out;
+  const std::string named = "gsync: node " + std::to_string(nodes - 1) + " ended";
+  EXPECT_NE(out.find(named), std::string::npos) << out;
+}
+
+// The pids of the nodes of suite "hang" in its log, once `nodes` of them are
+// waiting (empty after 30 s, or when the launcher ended first).
+std::vector<pid_t> hung_nodes(const std::string& log, pid_t launcher, int nodes) {
+  for (int i = 0; i < 300; ++i) {
+    std::ifstream in(log);
+    std::vector<pid_t> pids;
+    for (std::string line; std::getline(in, line);) {
+      long node = 0;
+      int pid = 0;
+      if (std::sscanf(line.c_str(), "nx_cases hang: node %ld pid %d waiting", &node, &pid) == 2)
+        pids.push_back(pid);
+    }
+    if (static_cast<int>(pids.size()) == nodes) return pids;
+    if (::waitpid(launcher, nullptr, WNOHANG) == launcher) return {};
+    ::usleep(100000);
+  }
+  return {};
+}
+
+// Whether `pid` is still one of our nodes (gone, or a zombie: ended).
+bool node_alive(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  std::getline(in, stat);
+  return stat.find("(nx_cases) ") != std::string::npos &&
+         stat.find("(nx_cases) Z") == std::string::npos;
+}
+
+// Starts `command` (a launcher running suite "hang" on `nodes` nodes), sends
+// it `sig` once every node waits, and returns how many nodes outlived it by
+// 5 s. The test kills what it started: the launcher, and nodes left behind.
+int nodes_left_after_launcher_killed(const std::string& command, int nodes, int sig) {
+  const std::string log = testing::TempDir() + "nx_hang.log";
+  std::remove(log.c_str());
+  pid_t launcher = ::fork();
+  if (launcher == 0) {
+    ::setpgid(0, 0);  // the launcher alone gets the signal, not the test
+    const std::string line = "exec " + command + " > " + log + " 2>&1";
+    ::execl("/bin/sh", "sh", "-c", line.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  std::vector<pid_t> pids = hung_nodes(log, launcher, nodes);
+  EXPECT_EQ(static_cast<int>(pids.size()), nodes) << "the nodes did not start";
+  ::kill(launcher, sig);
+  for (int i = 0; i < 100 && ::waitpid(launcher, nullptr, WNOHANG) != launcher; ++i)
+    ::usleep(100000);
+  ::kill(launcher, SIGKILL);
+  ::waitpid(launcher, nullptr, 0);
+  int left = 0;
+  for (int i = 0; i < 50; ++i) {
+    left = 0;
+    for (pid_t pid : pids) left += node_alive(pid) ? 1 : 0;
+    if (left == 0) break;
+    ::usleep(100000);
+  }
+  for (pid_t pid : pids)
+    if (node_alive(pid)) ::kill(pid, SIGKILL);
+  std::remove(log.c_str());
+  return left;
+}
+
+// What a node sent just before it exited is delivered, also when it exits
+// while its peer is still starting.
+void sent_before_exit_is_delivered(const std::function<std::string(int, std::string)>& launch,
+                                   int runs) {
+  for (int i = 0; i < runs; ++i) {
+    std::string out;
+    ASSERT_EQ(run_logged(launch(2, "send_then_exit"), 30, out), 0) << "run " << i << ": " << out;
+  }
 }
 
 }  // namespace
@@ -170,4 +275,49 @@ TEST(nx_faults, node_killed_mid_stream_is_an_error_not_a_hang) {
     EXPECT_NE(out.find("(EQBADNODE)"), std::string::npos) << out;
   }
   std::printf("[ faults   ] %s", out.c_str());
+}
+
+// ---- A node that exits normally (integration.nx.exit): peers waiting for
+// it get an error instead of hanging; what it sent before is delivered.
+
+TEST(nx_exit, node_exits_while_others_wait_under_nxrun) {
+  for (int n : {2, 3, 4}) node_exits_while_others_wait(nxrun, n);
+}
+
+TEST(nx_exit, node_exits_while_others_wait_under_mpirun) {
+  node_exits_while_others_wait(mpirun, 3);
+}
+
+TEST(nx_exit, sent_before_exit_is_delivered_under_nxrun) {
+  sent_before_exit_is_delivered(nxrun, 30);
+}
+
+TEST(nx_exit, sent_before_exit_is_delivered_under_mpirun) {
+  sent_before_exit_is_delivered(mpirun, 5);
+}
+
+// ---- The launcher ends (integration.nx.launcher): no node outlives it,
+// whether it is terminated (SIGTERM: it may clean up) or killed (SIGKILL:
+// the nodes must notice themselves).
+
+TEST(nx_launcher, nodes_end_with_nxrun) {
+  for (int sig : {SIGTERM, SIGKILL})
+    EXPECT_EQ(nodes_left_after_launcher_killed(nxrun(3, "hang"), 3, sig), 0) << strsignal(sig);
+}
+
+TEST(nx_launcher, nodes_end_with_mpirun) {
+  for (int sig : {SIGTERM, SIGKILL})
+    EXPECT_EQ(nodes_left_after_launcher_killed(mpirun(3, "hang"), 3, sig), 0) << strsignal(sig);
+}
+
+// ---- hrecv handlers run when their message arrives (integration.nx.handlers,
+// suite handler_server): while the serving node waits in gsync, while it
+// computes with no NX call, and held by masktrap.
+
+TEST(nx_handlers, hrecv_server_answers_while_waiting_or_computing_under_nxrun) {
+  for (int n : {2, 3}) EXPECT_EQ(run(nxrun(n, "handler_server"), 40), 0) << n << " nodes";
+}
+
+TEST(nx_handlers, hrecv_server_answers_while_waiting_or_computing_under_mpirun) {
+  EXPECT_EQ(run(mpirun(3, "handler_server"), 40), 0);
 }
