@@ -1,6 +1,6 @@
 # scripts/servers.sh: sourced by the scripts that run unmodified servers
-# (scripts/preload-demo.sh, tests/integration/preload/sockperf.sh,
-# tests/apps/apps.sh).
+# (scripts/preload-demo.sh, tests/integration/preload/sockperf.sh and
+# short_clients.sh, tests/apps/apps.sh).
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
@@ -40,4 +40,12 @@ stop_server_gently() {
   server_status=0
   wait "$server" 2>/dev/null || server_status=$?
   server=
+}
+
+# A scratch directory in $work and one server slot in $server, both gone
+# when the script exits (the preload tests that run one server at a time).
+scratch_with_server() {
+  work=$(mktemp -d)
+  server=
+  trap 'stop_server; rm -rf "$work"' EXIT
 }

@@ -64,9 +64,15 @@ __attribute__((constructor)) void resolve() {
   ::pthread_atfork([] { inside = true; }, [] { inside = false; }, [] { inside = false; });
 }
 
+// The sockets layer's own flag for this thread: set while the program
+// calls the layer directly (it links it) as well as through us.
+thread_local const bool* sockets_inside __attribute__((tls_model("initial-exec"))) = nullptr;
+
 inline bool bypass() {
   if (__builtin_expect(real.socket == nullptr, 0)) resolve();
-  return inside || !active;
+  if (inside || !active) return true;
+  if (__builtin_expect(sockets_inside == nullptr, 0)) sockets_inside = so::inside_flag();
+  return *sockets_inside;
 }
 
 }  // namespace

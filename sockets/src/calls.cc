@@ -148,6 +148,7 @@ bool allowed_local(int fd, const sockaddr* peer) {
 }  // namespace
 
 int socket(int domain, int type, int protocol) {
+  detail::api_call entered;
   int fd = ::socket(domain, type, protocol);
   if (fd >= 0 && enabled() && is_tcp(domain, type, protocol)) {
     auto s = adopt(fd, false);
@@ -157,6 +158,7 @@ int socket(int domain, int type, int protocol) {
 }
 
 int take_over(int fd) {
+  detail::api_call entered;
   int type = 0, domain = 0, listening = 0;
   socklen_t length = sizeof type;
   sockaddr_storage peer{};
@@ -183,53 +185,85 @@ int take_over(int fd) {
 }
 
 int bind(int fd, const sockaddr* address, socklen_t length) {
+  detail::api_call entered;
   return ::bind(fd, address, length);
 }
 int listen(int fd, int backlog) {
+  detail::api_call entered;
   int r = ::listen(fd, backlog);
-  // An excluded port's connections are never ours: accept() leaves them alone.
-  if (r == 0 && find(fd) && !allowed_local(fd, nullptr)) forget(fd);
+  // An excluded port's connections are never ours: accept() leaves them to
+  // the kernel (kept only to be listed by vmmc-stat, as excluded).
+  if (stream_ptr s = r == 0 ? find(fd) : nullptr; s && !allowed_local(fd, nullptr)) {
+    s->fallback_reason.store(fallback::excluded);
+    s->state.store(phase::plain);
+  }
   return r;
 }
 
 int accept4(int fd, sockaddr* address, socklen_t* length, int flags) {
+  detail::api_call entered;
   int client = ::accept4(fd, address, length, flags);
-  if (client < 0 || !find(fd)) return client;
+  stream_ptr listener = client < 0 ? nullptr : find(fd);
+  if (!listener) return client;
+  int saved = errno;
   sockaddr_storage peer{};
   socklen_t peer_length = sizeof peer;
-  if (::getpeername(client, reinterpret_cast<sockaddr*>(&peer), &peer_length) == 0 &&
-      !allowed(nullptr, reinterpret_cast<sockaddr*>(&peer)))
-    return client;  // an excluded peer address: the kernel's alone
   auto s = adopt(client, false);
   s->nonblocking.store(flags & SOCK_NONBLOCK);
-  s->state.store(phase::undecided);
-  try_decide(*s, false);
+  if (listener->fallback_reason.load() == fallback::excluded ||
+      (::getpeername(client, reinterpret_cast<sockaddr*>(&peer), &peer_length) == 0 &&
+       !allowed(nullptr, reinterpret_cast<sockaddr*>(&peer)))) {
+    // An excluded port or peer address: the kernel's alone.
+    s->fallback_reason.store(fallback::excluded);
+    s->state.store(phase::plain);
+  } else if (auto why = keep_on_tcp(client)) {
+    // A client on another host that VMMC would not serve better: plain at
+    // once (a server that speaks first then never waits for an offer).
+    s->fallback_reason.store(*why);
+    s->state.store(phase::plain);
+    log(3, "fd %d: plain TCP (%s)", client, fallback_text(*why).data());
+  } else {
+    s->state.store(phase::undecided);
+    try_decide(*s, false);
+  }
+  stat_publish(*s, true);
+  errno = saved;
   return client;
 }
 int accept(int fd, sockaddr* address, socklen_t* length) {
+  detail::api_call entered;
   return vmmc::sockets::accept4(fd, address, length, 0);
 }
 
 int connect(int fd, const sockaddr* address, socklen_t length) {
+  detail::api_call entered;
   stream_ptr s = find(fd);
   if (s && s->state.load() == phase::idle && !allowed_local(fd, address)) {
-    forget(fd);
-    s.reset();
+    // Left to the kernel (kept only to be listed by vmmc-stat, as excluded).
+    s->fallback_reason.store(fallback::excluded);
+    s->state.store(phase::plain);
   }
   int r = ::connect(fd, address, length);
   if (!s) return r;
   int saved = errno;
   s->is_client = true;
+  if (s->state.load() == phase::plain) {
+    if (r == 0 || saved == EINPROGRESS) stat_publish(*s, true, address, length);
+    errno = saved;
+    return r;
+  }
   if (r == 0) {
     send_offer(*s);
   } else if (saved == EINPROGRESS || saved == EINTR) {
     s->state.store(phase::connecting);
   }
+  if (r == 0 || saved == EINPROGRESS) stat_publish(*s, true, address, length);
   errno = saved;
   return r;
 }
 
 int close(int fd) {
+  detail::api_call entered;
   if (find(fd)) {
     stream_ptr s = release_slot(fd);  // null while a dup of it stays open
     if (s && s->inherited.load()) {
@@ -253,6 +287,7 @@ int close(int fd) {
 }
 
 int close_range(unsigned int first, unsigned int last, int flags) {
+  detail::api_call entered;
   if (!(flags & CLOSE_RANGE_CLOEXEC)) {
     // Our streams in the range close the way close() does; the kernel then
     // closes the rest.
@@ -264,6 +299,7 @@ int close_range(unsigned int first, unsigned int last, int flags) {
 }
 
 int dup(int fd) {
+  detail::api_call entered;
   int copy = ::dup(fd);
   if (copy >= 0)
     if (stream_ptr s = find(fd)) alias(copy, s);
@@ -271,6 +307,7 @@ int dup(int fd) {
 }
 
 int dup3(int fd, int target, int flags) {
+  detail::api_call entered;
   if (fd == target) return ::dup3(fd, target, flags);  // EINVAL, as the kernel says
   stream_ptr s = find(fd);
   stream_ptr replaced = find(target) ? release_slot(target) : nullptr;  // closed silently
@@ -281,11 +318,13 @@ int dup3(int fd, int target, int flags) {
 }
 
 int dup2(int fd, int target) {
+  detail::api_call entered;
   if (fd == target) return ::dup2(fd, target);
   return vmmc::sockets::dup3(fd, target, 0);
 }
 
 int shutdown(int fd, int how) {
+  detail::api_call entered;
   stream_ptr s = managed(fd);
   if (!s || s->state.load() != phase::upgraded) {
     int r = ::shutdown(fd, how);
@@ -320,6 +359,7 @@ int shutdown(int fd, int how) {
 }
 
 int getsockopt(int fd, int level, int name, void* value, socklen_t* length) {
+  detail::api_call entered;
   if (level == IPPROTO_TCP && name == TCP_NODELAY && value && length && *length >= sizeof(int))
     if (stream_ptr s = find(fd); s && s->out_switched.load()) {
       *static_cast<int*>(value) = s->app_nodelay.load() ? 1 : 0;
@@ -330,6 +370,7 @@ int getsockopt(int fd, int level, int name, void* value, socklen_t* length) {
 }
 
 int setsockopt(int fd, int level, int name, const void* value, socklen_t length) {
+  detail::api_call entered;
   int r = ::setsockopt(fd, level, name, value, length);
   if (r == 0 && level == IPPROTO_TCP && name == TCP_NODELAY && length >= sizeof(int)) {
     if (stream_ptr s = find(fd)) {
@@ -346,13 +387,16 @@ int setsockopt(int fd, int level, int name, const void* value, socklen_t length)
 }
 
 int getsockname(int fd, sockaddr* address, socklen_t* length) {
+  detail::api_call entered;
   return ::getsockname(fd, address, length);
 }
 int getpeername(int fd, sockaddr* address, socklen_t* length) {
+  detail::api_call entered;
   return ::getpeername(fd, address, length);
 }
 
 int fcntl(int fd, int command, long argument) {
+  detail::api_call entered;
   int r = ::fcntl(fd, command, argument);
   if (r >= 0 && command == F_SETFL)
     if (stream_ptr s = find(fd)) s->nonblocking.store(argument & O_NONBLOCK);
@@ -362,6 +406,7 @@ int fcntl(int fd, int command, long argument) {
 }
 
 int ioctl(int fd, unsigned long request, void* argument) {
+  detail::api_call entered;
   stream_ptr s = find(fd);
   if (s && request == FIONBIO && argument) {
     int r = ::ioctl(fd, request, argument);
@@ -407,23 +452,28 @@ int ioctl(int fd, unsigned long request, void* argument) {
 }
 
 ssize_t read(int fd, void* buffer, size_t length) {
+  detail::api_call entered;
   stream_ptr s = managed(fd);
   return s ? receive(*s, buffer, length, 0, /*rw=*/true) : ::read(fd, buffer, length);
 }
 ssize_t write(int fd, const void* buffer, size_t length) {
+  detail::api_call entered;
   stream_ptr s = managed(fd);
   return s ? transmit(*s, buffer, length, 0, /*rw=*/true) : ::write(fd, buffer, length);
 }
 ssize_t recv(int fd, void* buffer, size_t length, int flags) {
+  detail::api_call entered;
   stream_ptr s = managed(fd);
   return s ? receive(*s, buffer, length, flags) : ::recv(fd, buffer, length, flags);
 }
 ssize_t send(int fd, const void* buffer, size_t length, int flags) {
+  detail::api_call entered;
   stream_ptr s = managed(fd);
   return s ? transmit(*s, buffer, length, flags) : ::send(fd, buffer, length, flags);
 }
 ssize_t recvfrom(int fd, void* buffer, size_t length, int flags, sockaddr* address,
                  socklen_t* address_length) {
+  detail::api_call entered;
   stream_ptr s = managed(fd);
   if (!s) return ::recvfrom(fd, buffer, length, flags, address, address_length);
   if (address_length) *address_length = 0;  // stream sockets report no source
@@ -431,19 +481,23 @@ ssize_t recvfrom(int fd, void* buffer, size_t length, int flags, sockaddr* addre
 }
 ssize_t sendto(int fd, const void* buffer, size_t length, int flags, const sockaddr* address,
                socklen_t address_length) {
+  detail::api_call entered;
   stream_ptr s = managed(fd);
   if (!s) return ::sendto(fd, buffer, length, flags, address, address_length);
   return transmit(*s, buffer, length, flags);  // connected TCP ignores the address
 }
 ssize_t readv(int fd, const iovec* iov, int count) {
+  detail::api_call entered;
   stream_ptr s = managed(fd);
   return s ? receive_vector(*s, iov, count, 0, /*rw=*/true) : ::readv(fd, iov, count);
 }
 ssize_t writev(int fd, const iovec* iov, int count) {
+  detail::api_call entered;
   stream_ptr s = managed(fd);
   return s ? transmit_vector(*s, iov, count, 0, /*rw=*/true) : ::writev(fd, iov, count);
 }
 ssize_t recvmsg(int fd, msghdr* message, int flags) {
+  detail::api_call entered;
   stream_ptr s = managed(fd);
   if (!s || kernel_reads(*s)) return ::recvmsg(fd, message, flags);
   message->msg_namelen = 0;
@@ -452,12 +506,14 @@ ssize_t recvmsg(int fd, msghdr* message, int flags) {
   return receive_vector(*s, message->msg_iov, static_cast<int>(message->msg_iovlen), flags);
 }
 ssize_t sendmsg(int fd, const msghdr* message, int flags) {
+  detail::api_call entered;
   stream_ptr s = managed(fd);
   if (!s || message->msg_controllen || kernel_writes(*s)) return ::sendmsg(fd, message, flags);
   return transmit_vector(*s, message->msg_iov, static_cast<int>(message->msg_iovlen), flags);
 }
 
 ssize_t sendfile(int out_fd, int in_fd, off_t* offset, size_t count) {
+  detail::api_call entered;
   stream_ptr s = managed(out_fd);
   if (!s) return ::sendfile(out_fd, in_fd, offset, count);
   // Read at an explicit position, so that bytes the socket did not take are
@@ -490,6 +546,7 @@ ssize_t sendfile(int out_fd, int in_fd, off_t* offset, size_t count) {
 }
 
 int recvmmsg(int fd, mmsghdr* messages, unsigned int count, int flags, timespec* timeout) {
+  detail::api_call entered;
   stream_ptr s = managed(fd);
   if (!s) return ::recvmmsg(fd, messages, count, flags, timeout);
   // A stream has no message boundaries: each entry takes what is there; only
@@ -508,6 +565,7 @@ int recvmmsg(int fd, mmsghdr* messages, unsigned int count, int flags, timespec*
 }
 
 int sendmmsg(int fd, mmsghdr* messages, unsigned int count, int flags) {
+  detail::api_call entered;
   stream_ptr s = managed(fd);
   if (!s) return ::sendmmsg(fd, messages, count, flags);
   unsigned int done = 0;
@@ -520,6 +578,7 @@ int sendmmsg(int fd, mmsghdr* messages, unsigned int count, int flags) {
 }
 
 int describe_line(int fd, char* out, size_t length) {
+  detail::api_call entered;
   auto info = describe(fd);
   if (!info) return -1;
   int n = std::snprintf(out, length,
@@ -534,6 +593,7 @@ int describe_line(int fd, char* out, size_t length) {
 }
 
 std::optional<socket_info> describe(int fd) {
+  detail::api_call entered;
   stream_ptr s = find(fd);
   if (!s) return std::nullopt;
   socket_info info{};

@@ -1,6 +1,5 @@
 // The in-band upgrade (wire.h): offer and accept bytes, the server's hello
 // frame, channel set-up, and the doorbell on the TCP connection.
-#include <ifaddrs.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -103,9 +102,11 @@ redirect::channel_options channel_options_for(stream& s) {
   return o;
 }
 
-void become_plain(stream& s, const char* why) {
+void become_plain(stream& s, fallback why) {
+  s.fallback_reason.store(why);
   s.state.store(phase::plain);
-  log(3, "fd %d: plain TCP (%s)", s.fd.load(), why);
+  stat_publish(s);
+  log(3, "fd %d: plain TCP (%s)", s.fd.load(), fallback_text(why).data());
 }
 
 // The peer broke the upgrade protocol: nothing more it sent can be told
@@ -117,43 +118,10 @@ void fail_connection(stream& s, const char* why) {
   s.read_shut.store(true);
   s.write_shut.store(true);
   (void)::shutdown(s.fd, SHUT_RDWR);
+  s.fallback_reason.store(fallback::protocol_error);
   s.state.store(phase::upgraded);  // without a channel: kept out of the kernel fast path
+  stat_publish(s);
   log(1, "fd %d: connection failed (%s)", s.fd.load(), why);
-}
-
-// The IP address of a socket address, IPv4-mapped IPv6 as IPv4.
-std::string ip_of(const sockaddr* a) {
-  if (a->sa_family == AF_INET) {
-    auto* v4 = reinterpret_cast<const sockaddr_in*>(a);
-    return std::string(reinterpret_cast<const char*>(&v4->sin_addr), 4);
-  }
-  if (a->sa_family != AF_INET6) return {};
-  auto* v6 = reinterpret_cast<const sockaddr_in6*>(a);
-  if (IN6_IS_ADDR_V4MAPPED(&v6->sin6_addr))
-    return std::string(reinterpret_cast<const char*>(&v6->sin6_addr) + 12, 4);
-  return std::string(reinterpret_cast<const char*>(&v6->sin6_addr), 16);
-}
-
-// Whether the other end of the connection is on this host (in this network
-// namespace): loopback, or an address of one of our interfaces, which the
-// kernel delivers locally.
-bool peer_on_this_host(int fd) {
-  sockaddr_storage peer{}, local{};
-  socklen_t peer_length = sizeof peer, local_length = sizeof local;
-  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_length) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_length) != 0)
-    return false;
-  const std::string ip = ip_of(reinterpret_cast<const sockaddr*>(&peer));
-  if (ip.empty()) return false;
-  if ((ip.size() == 4 && ip[0] == 127) || ip == std::string(15, '\0') + '\1') return true;
-  if (ip == ip_of(reinterpret_cast<const sockaddr*>(&local))) return true;
-  ifaddrs* interfaces = nullptr;
-  if (::getifaddrs(&interfaces) != 0) return false;
-  bool ours = false;
-  for (ifaddrs* i = interfaces; i && !ours; i = i->ifa_next)
-    ours = i->ifa_addr && ip_of(i->ifa_addr) == ip;
-  ::freeifaddrs(interfaces);
-  return ours;
 }
 
 // The process's context, with its fabric open when this connection's peer is
@@ -172,19 +140,19 @@ core::context* context_for(stream& s) {
 void accept_offer(stream& s) {
   if (awaiting_client.fetch_add(1) >= max_awaiting_client()) {
     awaiting_client.fetch_sub(1);
-    return become_plain(s, "too many offers awaiting their client's hello");
+    return become_plain(s, fallback::refused);
   }
   s.awaiting_slot.store(true);
   core::context* ctx = context_for(s);
   if (!ctx) {
     release_awaiting_slot(s);
-    return become_plain(s, "no VMMC context");
+    return become_plain(s, fallback::no_context);
   }
   auto chan = redirect::channel::create(*ctx, channel_options_for(s));
   if (!chan) {
     release_awaiting_slot(s);
     log(1, "fd %d: channel: %s", s.fd.load(), chan.error().message().c_str());
-    return become_plain(s, "channel set-up failed");
+    return become_plain(s, fallback::setup_failed);
   }
   std::string descriptor = chan->descriptor();
   wire::hello_frame frame{wire::hello_magic, wire::version,
@@ -194,7 +162,7 @@ void accept_offer(stream& s) {
   unsigned char accept = wire::accept_byte;
   if (!send_all(s.fd, &accept, 1, MSG_OOB) || !send_all(s.fd, message.data(), message.size(), 0)) {
     // The connection is broken; kernel calls will report it.
-    return become_plain(s, "could not send the hello");
+    return become_plain(s, fallback::setup_failed);
   }
   s.chan = std::make_unique<redirect::channel>(std::move(*chan));
   s.state.store(phase::upgraded);
@@ -226,7 +194,9 @@ void take_accept(stream& s) {
   if (!chan) {
     // We will never place our hello: both directions stay raw TCP, which the
     // server handles (it only switches after reading our hello).
+    s.fallback_reason.store(fallback::setup_failed);
     s.state.store(phase::upgraded);
+    stat_publish(s);
     log(1, "fd %d: no channel; staying on TCP", s.fd.load());
     return;
   }
@@ -275,13 +245,35 @@ void nagle_off_for_doorbells(stream& s) {
 }
 
 void ring_doorbell(stream& s) {
-  if (s.out_reverted.load()) return;  // TCP carries our application bytes again
-  unsigned char b = wire::doorbell_byte;
-  // A full socket buffer is no failure (the peer has doorbells to read);
-  // an error is the TCP connection's end, which takes the stream with it.
-  if (::send(s.fd, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0 && errno != EAGAIN &&
-      errno != EWOULDBLOCK && errno != EINTR)
-    note_tcp_error(s, errno);
+  // Until our hello shows in the peer's area, the peer takes every TCP byte
+  // for a raw one. Our reader rings (returning credit to a peer writer that
+  // waits for space) as soon as the channel is attached, which is before the
+  // hello is placed, and for good if placing it fails: that doorbell reached
+  // the peer application as a data byte (0xDB). The ring is owed instead,
+  // and placing the hello pays it.
+  if (!s.out_switched.load()) {
+    s.ring_owed.store(true);
+    if (!s.out_switched.load()) return;  // else switched meanwhile: ring
+  }
+  s.ringers.fetch_add(1);
+  if (!s.records_closed.load()) {
+    unsigned char b = wire::doorbell_byte;
+    // A full socket buffer is no failure (the peer has doorbells to read);
+    // an error is the TCP connection's end, which takes the stream with it.
+    if (::send(s.fd, &b, 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0 && errno != EAGAIN &&
+        errno != EWOULDBLOCK && errno != EINTR)
+      note_tcp_error(s, errno);
+  }
+  s.ringers.fetch_sub(1);
+}
+
+void close_records(stream& s) {
+  s.records_closed.store(true);
+  while (s.ringers.load() != 0) std::this_thread::yield();  // a send() of one byte
+}
+
+void reopen_records(stream& s) {
+  s.records_closed.store(false);
 }
 
 // Bytes of our protocol left in the kernel's receive queue would make
@@ -315,10 +307,13 @@ void discard_protocol_bytes(stream& s) {
 }
 
 void send_offer(stream& s) {
-  if (!enabled()) return become_plain(s, "disabled");
+  if (!enabled()) return become_plain(s, fallback::disabled);
+  // No offer byte at all where we would not upgrade: a peer on another host
+  // (or a middlebox) never sees one.
+  if (auto why = keep_on_tcp(s.fd)) return become_plain(s, *why);
   unsigned char offer = wire::offer_byte;
   if (::send(s.fd, &offer, 1, MSG_OOB | MSG_NOSIGNAL | MSG_DONTWAIT) != 1)
-    return become_plain(s, "offer not sent");
+    return become_plain(s, fallback::offer_failed);
   s.state.store(phase::undecided);
 }
 
@@ -358,10 +353,10 @@ void try_decide(stream& s, bool wait_for_first_byte) {
     }
     return;
   }
-  if (got == 1) return become_plain(s, "foreign urgent byte");
+  if (got == 1) return become_plain(s, fallback::foreign_urgent);
   if (peeked >= 0 || (peek_error != EAGAIN && peek_error != EINTR))
-    return become_plain(s, "peer's first byte is ordinary");
-  if (wait_for_first_byte) return become_plain(s, "no offer before our first byte");
+    return become_plain(s, fallback::peer_plain);
+  if (wait_for_first_byte) return become_plain(s, fallback::peer_plain);
 }
 
 bool learn_peer_raw(stream& s) {
@@ -407,7 +402,9 @@ void place_hello_locked(stream& s, bool ring_now) {
   // write. Sent at once, it reached servers that had answered and closed
   // (HTTP/1.0 style), whose kernel reset the connection: the client got
   // ECONNRESET instead of the end of a complete answer (issue 14, item 8).
-  if (ring_now)
+  // A ring the channel asked for before now is paid at once: its peer is
+  // waiting (for space or data), so it has not closed.
+  if (ring_now || s.ring_owed.exchange(false))
     ring_doorbell(s);
   else
     s.switch_doorbell_owed = true;

@@ -31,6 +31,11 @@ bool needs_us(const stream& s) {
          stash_size(s) > 0;
 }
 
+// Only the kernel can make it ready: no channel and no bytes of ours held.
+bool kernel_only(const stream& s) {
+  return s.state.load(std::memory_order_relaxed) != phase::upgraded && stash_size(s) == 0;
+}
+
 std::chrono::microseconds spin_time() {
   static const auto t = std::chrono::microseconds(core::setting_integer(core::settings::spin_us));
   return t;
@@ -92,6 +97,7 @@ bool any_channel_ready(poll_state& st) {
 }  // namespace
 
 int poll(pollfd* fds, nfds_t count, int timeout_ms) {
+  detail::api_call entered;
   thread_local poll_state st;
   st.ours.clear();
   st.wanted.clear();
@@ -108,7 +114,10 @@ int poll(pollfd* fds, nfds_t count, int timeout_ms) {
 
   auto deadline = deadline_after(timeout_ms);
   auto spin_until = clock::now() + spin_time();
-  bool sleeping = false;
+  // Connections still deciding have no channel to busy-poll: the kernel's
+  // wait is the whole wait, one system call as without us.
+  bool sleeping = std::all_of(st.ours.begin(), st.ours.end(),
+                              [](const auto& o) { return kernel_only(*o.second); });
   while (true) {
     for (std::size_t k = 0; k < st.ours.size(); ++k)
       fds[st.ours[k].first].events = kernel_interest(*st.ours[k].second, st.wanted[k]);
@@ -121,8 +130,6 @@ int poll(pollfd* fds, nfds_t count, int timeout_ms) {
     }
     int ready = finish_poll(fds, count, st);
     if (ready > 0 || timeout_ms == 0 || clock::now() >= deadline) return ready;
-    // Nothing accelerated among them (connections still deciding): no
-    // channel to busy-poll, the kernel's wait is the whole wait.
     if (!any_channel(st)) {
       sleeping = true;
       continue;
@@ -141,6 +148,7 @@ int poll(pollfd* fds, nfds_t count, int timeout_ms) {
 }
 
 int ppoll(pollfd* fds, nfds_t count, const timespec* timeout, const sigset_t* mask) {
+  detail::api_call entered;
   bool ours = false;
   for (nfds_t i = 0; i < count && !ours; ++i)
     if (stream_ptr s = fds[i].fd >= 0 ? find(fds[i].fd) : nullptr) ours = needs_us(*s);
@@ -215,6 +223,7 @@ bool any_of_ours(int nfds, fd_set* a, fd_set* b, fd_set* c) {
 }  // namespace
 
 int select(int nfds, fd_set* readable, fd_set* writable, fd_set* exceptional, timeval* timeout) {
+  detail::api_call entered;
   if (!any_of_ours(nfds, readable, writable, exceptional))
     return ::select(nfds, readable, writable, exceptional, timeout);
   int ms =
@@ -224,6 +233,7 @@ int select(int nfds, fd_set* readable, fd_set* writable, fd_set* exceptional, ti
 
 int pselect(int nfds, fd_set* readable, fd_set* writable, fd_set* exceptional,
             const timespec* timeout, const sigset_t* mask) {
+  detail::api_call entered;
   if (!any_of_ours(nfds, readable, writable, exceptional))
     return ::pselect(nfds, readable, writable, exceptional, timeout, mask);
   int ms = timeout
@@ -384,6 +394,15 @@ bool any_channel_member(epoll_set& set) {
   return false;
 }
 
+bool all_kernel_only(epoll_set& set) {
+  std::lock_guard lock(set.mutex);
+  for (auto& [fd, in] : set.members) {
+    stream* s = member_stream(in);
+    if (!in.disabled && s && !kernel_only(*s)) return false;
+  }
+  return true;
+}
+
 bool any_stream_ready(epoll_set& set) {
   std::lock_guard lock(set.mutex);
   for (auto& [fd, in] : set.members) {
@@ -422,13 +441,16 @@ void detail::forget_epoll_set(int fd) {
 }
 
 int epoll_create(int size) {
+  detail::api_call entered;
   return track_set(::epoll_create(size));
 }
 int epoll_create1(int flags) {
+  detail::api_call entered;
   return track_set(::epoll_create1(flags));
 }
 
 int epoll_ctl(int epfd, int op, int fd, epoll_event* event) {
+  detail::api_call entered;
   auto set = find_set(epfd);
   if (!set) return ::epoll_ctl(epfd, op, fd, event);
   stream_ptr s = find(fd);
@@ -456,16 +478,16 @@ int epoll_ctl(int epfd, int op, int fd, epoll_event* event) {
 }
 
 int epoll_wait(int epfd, epoll_event* events, int max_events, int timeout_ms) {
+  detail::api_call entered;
   auto set = find_set(epfd);
   if (!set || max_events <= 0) return ::epoll_wait(epfd, events, max_events, timeout_ms);
   busy_call busy;
   auto deadline = deadline_after(timeout_ms);
   auto spin_until = clock::now() + spin_time();
-  bool sleeping = false;
+  bool sleeping = all_kernel_only(*set);  // see poll()
   while (true) {
     int n = collect(epfd, *set, events, max_events, sleeping ? milliseconds_until(deadline) : 0);
     if (n != 0 || timeout_ms == 0 || clock::now() >= deadline) return n;
-    // No accelerated member: nothing to busy-poll (see poll()).
     if (!any_channel_member(*set)) {
       sleeping = true;
       continue;
@@ -481,6 +503,7 @@ int epoll_wait(int epfd, epoll_event* events, int max_events, int timeout_ms) {
 
 int epoll_pwait(int epfd, epoll_event* events, int max_events, int timeout_ms,
                 const sigset_t* mask) {
+  detail::api_call entered;
   if (!find_set(epfd)) return ::epoll_pwait(epfd, events, max_events, timeout_ms, mask);
   sigset_t saved;
   if (mask) ::pthread_sigmask(SIG_SETMASK, mask, &saved);

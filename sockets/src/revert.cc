@@ -129,7 +129,11 @@ void answer_revert_locked(stream& s) {
   unsigned char record[wire::end_record_size] = {wire::end_record_byte};
   std::uint64_t total = s.channel_out.load();
   for (int i = 0; i < 8; ++i) record[1 + i] = static_cast<unsigned char>(total >> (8 * i));
-  if (!send_all(s.fd, record, sizeof record, 0)) return;
+  close_records(s);  // no doorbell may follow the record: after it comes data
+  if (!send_all(s.fd, record, sizeof record, 0)) {
+    reopen_records(s);
+    return;
+  }
   s.out_reverted.store(true);
   // Our direction had ended in the channel (shutdown after the switch): the
   // peer now reads TCP after our end record, so the end goes there too.
@@ -332,6 +336,7 @@ void fork_child() {
   for (auto& s : all_streams()) {
     s->shared.store(true);
     s->inherited.store(true);
+    s->ringers.store(0);  // a doorbell another thread was sending is the parent's
     if (s->state.load() == phase::upgraded && s->chan) s->orphan.store(true);
   }
 }
@@ -357,6 +362,7 @@ bool interposer_enabled() {
 }
 
 void interposer_install() {
+  detail::api_call entered;
   static std::once_flag once;
   std::call_once(once, [] {
     install_fork_handlers();
@@ -382,6 +388,7 @@ void interposer_install() {
 }
 
 char* const* prepare_exec(char* const* envp) {
+  detail::api_call entered;
   revert_all(true);
   std::string handed;
   for (auto& s : all_streams()) {

@@ -7,6 +7,8 @@
 // its own byte offset, see wire.h).
 #pragma once
 
+#include <sys/socket.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -21,6 +23,7 @@
 #include "vmmc/core/context.h"
 #include "vmmc/core/settings.h"
 #include "vmmc/redirect/channel.h"
+#include "vmmc/sockets/stat.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/lsan_interface.h>
@@ -34,7 +37,10 @@ extern const core::setting hold_us;
 extern const core::setting log_level;
 extern const core::setting ports;
 extern const core::setting exclude;
+extern const core::setting remote;
 extern const core::setting preload_enable;
+extern const core::setting stat;
+extern const core::setting stat_dir;
 }  // namespace settings
 
 enum class phase : std::uint8_t {
@@ -55,6 +61,7 @@ struct stream {
   std::atomic<bool> closed{false};  // the last of them was closed
   std::atomic<bool> is_client{false};
   std::atomic<phase> state{phase::idle};
+  std::atomic<fallback> fallback_reason{fallback::none};  // why it is kernel TCP (vmmc-stat)
   std::atomic<bool> nonblocking{false};
   // SO_RCVTIMEO / SO_SNDTIMEO; max() means none (set from any thread).
   std::atomic<std::chrono::milliseconds> receive_timeout{std::chrono::milliseconds::max()};
@@ -78,6 +85,14 @@ struct stream {
   // a direction switched, the kernel's stays on for our doorbells.
   std::atomic<bool> app_nodelay{false};
   std::atomic<bool> hello_pending{false};  // a reader found the peer ready; a writer places it
+  // Doorbells are records: they may follow our hello and must precede our
+  // end record, never sit among our raw or reverted bytes (ring_doorbell).
+  // A ring asked for before our hello is owed until it is placed; ringers
+  // counts the doorbells being sent; records_closed stops new ones while
+  // our end record goes out.
+  std::atomic<bool> ring_owed{false};
+  std::atomic<int> ringers{0};
+  std::atomic<bool> records_closed{false};
   // Our hello was placed from the read side: the doorbell telling a peer
   // asleep on TCP of the switch goes with our next write (handshake.cc).
   // Under write_mutex, like everything that places the hello.
@@ -144,6 +159,20 @@ void abandon(std::unique_ptr<T>& owner) {
 #endif
 }
 
+// Set while the calling thread is inside a call of this library's API,
+// whether it came through an interposer or straight from a program linked
+// with us: the interposer then sends the calls we (and the layers below,
+// libfabric included) make to libc (socket.h, inside_flag). Initial-exec:
+// one load; the library is loaded at start-up by whatever uses it.
+extern thread_local bool inside_api __attribute__((tls_model("initial-exec")));
+struct api_call {
+  api_call() : outer(inside_api) { inside_api = true; }
+  ~api_call() { inside_api = outer; }
+  api_call(const api_call&) = delete;
+  api_call& operator=(const api_call&) = delete;
+  bool outer;
+};
+
 // --- table.cc: descriptors we manage, and the process's VMMC context.
 // Set once the context is gone at exit: channels destroyed later are let go.
 extern std::atomic<bool> context_ended;
@@ -185,6 +214,15 @@ core::context* process_context();
 // parent's copy is left alone); see revert.cc for inherited connections.
 void log(int level, const char* format, ...) __attribute__((format(printf, 2, 3)));
 
+// --- route.cc: where the peer is, and whether VMMC beats kernel TCP to it.
+// The other end is on this host (in this network namespace): loopback, or
+// an address of one of our interfaces.
+bool peer_on_this_host(int fd);
+// Why a connection stays on kernel TCP although both ends may speak VMMC,
+// if it does: its peer is on another host and no fabric there can beat
+// kernel TCP (VMMC_SOCKETS_REMOTE). Decided before any byte of ours.
+std::optional<fallback> keep_on_tcp(int fd);
+
 // --- handshake.cc
 // Sends all of a small control message, waiting for the socket (bounded).
 bool send_all(int fd, const void* data, std::size_t length, int flags);
@@ -202,7 +240,14 @@ bool peer_ready(stream& s);          // our channel hello may be placed now
 void advance_upgrade(stream& s);     // places it unless a writer is busy (it will)
 void place_hello_locked(stream& s, bool ring_now = true);  // with write_mutex held
 bool learn_peer_raw(stream& s);      // true once the peer's N is known
+// Wakes the peer if it sleeps on TCP (the channel rings for data or space).
+// Any thread: the doorbell never enters our raw prefix (owed until our hello
+// is placed) nor follows our end record.
 void ring_doorbell(stream& s);
+// Before our end record: no doorbell is sent from here on (waits for those
+// being sent). reopen_records() undoes it if the record could not go.
+void close_records(stream& s);
+void reopen_records(stream& s);
 // Once our writes switched, our TCP bytes are doorbells: Nagle would hold
 // one back until the previous one is acknowledged, and a sleeping peer would
 // wait for it. Turns it off whatever the application set (see app_nodelay).
@@ -223,6 +268,16 @@ void answer_revert_locked(stream& s);
 bool input_on_tcp(stream& s);
 std::size_t stash_size(const stream& s);
 std::size_t take_stash(stream& s, void* buffer, std::size_t length, bool consume);
+
+// --- stat.cc: the rows vmmc-stat reads (vmmc/sockets/stat.h). Connection
+// events only, never the data path; errno is left alone.
+// Writes `s`'s row; `first` (a connect or accept) makes the file if needed;
+// `remote` is the address connect() names, for a connection in progress.
+void stat_publish(stream& s, bool first = false, const sockaddr* remote = nullptr,
+                  socklen_t remote_length = 0);
+void stat_forget(int fd);  // `fd` no longer names a stream here
+// The process has its VMMC context: a thread answers for fresh counters.
+void stat_context_ready();
 
 // --- readiness.cc
 void forget_epoll_set(int fd);

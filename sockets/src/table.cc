@@ -29,11 +29,19 @@ const core::setting ports     {"sockets", "ports",     core::setting_type::strin
 const core::setting exclude   {"sockets", "exclude",   core::setting_type::string,  "",
   "never accelerate connections whose peer or local port, or peer address, is listed: "
   "'22,8000-8080,10.1.2.3' (IPv4 or IPv6 addresses)"};
+const core::setting remote    {"sockets", "remote",    core::setting_type::string,  "auto",
+  "peers on another host: 'auto' upgrades only where an RDMA device (verbs, efa, cxi, opx) can "
+  "beat kernel TCP (libfabric's tcp provider cannot: it is TCP underneath), 'fabric' always, "
+  "'tcp' never"};
 const core::setting preload_enable {"preload", "enable", core::setting_type::boolean, "1",
   "the LD_PRELOAD interposer routes calls to vmmc sockets (0: every call goes to libc)"};
+const core::setting stat      {"sockets", "stat",      core::setting_type::boolean, "1",
+  "publish this process's connections for vmmc-stat in <stat_dir>/vmmc-<uid>/<pid>"};
+const core::setting stat_dir  {"sockets", "stat_dir",  core::setting_type::string,  "/dev/shm",
+  "where processes publish their connections and vmmc-stat reads them"};
 // clang-format on
 namespace {
-const core::setting table[] = {enable, hold_us, log_level, ports, exclude};
+const core::setting table[] = {enable, hold_us, log_level, ports, exclude, remote, stat, stat_dir};
 const core::setting preload_table[] = {preload_enable};
 struct registrar {
   registrar() {
@@ -105,6 +113,7 @@ stream_ptr release_slot(int fd) {
   if (!s) return s;
   if (s->aliases.fetch_sub(1) == 1) {
     s->closed.store(true);  // epoll sets drop their reference
+    stat_forget(fd);
     return s;
   }
   // Other descriptors still name this stream: the kernel calls go through one
@@ -116,6 +125,7 @@ stream_ptr release_slot(int fd) {
         break;
       }
     }
+    stat_forget(fd);
   }
   return nullptr;
 }
@@ -198,6 +208,7 @@ void close_everything() {
 }  // namespace
 
 std::atomic<bool> context_ended{false};
+thread_local bool inside_api = false;
 
 std::atomic<int> busy_calls{0};
 std::atomic<bool> exiting{false};
@@ -228,6 +239,7 @@ core::context* process_context() {
     st.ctx = std::make_unique<core::context>(std::move(*c));
     if (!st.tried) std::atexit(close_everything);
     st.tried = true;
+    stat_context_ready();
   } else {
     log(1, "cannot create the VMMC context (%s): connections stay kernel TCP",
         c.error().message().c_str());
@@ -253,3 +265,9 @@ void log(int level, const char* format, ...) {
 }
 
 }  // namespace vmmc::sockets::detail
+
+namespace vmmc::sockets {
+const bool* inside_flag() noexcept {
+  return &detail::inside_api;
+}
+}  // namespace vmmc::sockets

@@ -79,13 +79,38 @@ write("vrpc_record", "reply", b"\x40" + last(reply))
 
 # ---- nx: message headers, start-up records (nx/src/wire.h, parse.h)
 def nx_header(space, seq, kind, length, ptype=0):
-    return b"NX" + struct.pack("<BBIqqq", 2, space, seq, kind, length, ptype)
+    return b"NX" + struct.pack("<BBIqqq", 3, space, seq, kind, length, ptype)
 write("nx_header", "user", nx_header(1, 0, 7, 100))
 write("nx_header", "internal", nx_header(2, 5, 0x40000001, 0))
 write("nx_header", "mailbox-max", nx_header(1, 1, 3, 1088 - 8 - 32))
 write("nx_header", "negative", nx_header(1, 1, -1, -5))
+write("nx_header", "control-ready", nx_header(3, 0, 1, 0))
+write("nx_header", "control-end", nx_header(3, 7, 2, 0))
 rec = "host1 4242 0,1 %s - rd.b1#65536#%s - mb.1" % (blob, blob)
 rec2 = "host2 4243 2-3 %s rd.b0#65536#%s - mb.0 -" % (blob, blob)
 write("nx_bootstrap", "two-nodes", bytes([2, 0, 2]) + struct.pack("<I", len(rec)) + rec.encode()
       + struct.pack("<I", len(rec2)) + rec2.encode())
 write("nx_bootstrap", "short", bytes([2, 1, 1]) + struct.pack("<I", 100) + b"host")
+
+# ---- sockets: a file published for vmmc-stat (sockets/src/stat_page.h, v1):
+# the 248-byte header, the file's size, then 168-byte rows (row i for fd i).
+def stat_header(rows, pid=4242, version=1, row_size=256):
+    h = b"vmmcstat" + struct.pack("<IIIiII", version, row_size, rows, pid, 1000, 0)
+    h += struct.pack("<Q", 123456) + b"redis-server *:6379".ljust(128, b"\0")
+    h += struct.pack("<IIiIIIII", 3, 3, 4243, rows, 0, 2, 1, 0) + struct.pack("<6Q", 9, 8, 1, 1, 0, 4096)
+    return h
+def stat_row(fd, state=3, why=0, v6=False, path=b"mapped"):
+    if v6:
+        local = struct.pack("<HH", 10, 6379) + b"\0" * 15 + b"\1"
+    else:
+        local = struct.pack("<HH", 2, 6379) + bytes([127, 0, 0, 1]) + b"\0" * 12
+    r = struct.pack("<IBBBBiII4xQ", 2, 1, 0, state, why, fd, 0, 1, 777)
+    r += local + local + path.ljust(48, b"\0") + struct.pack("<6Q", 10, 20, 30, 40, 25, 5)
+    return r
+write("sockets_stat", "two-rows", stat_header(64) + struct.pack("<Q", 4096 + 64 * 256)
+      + stat_row(0) + stat_row(1, state=4, why=3, path=b"tcp"))
+write("sockets_stat", "v6-fabric", stat_header(64) + struct.pack("<Q", 4096 + 64 * 256)
+      + stat_row(0, v6=True, path=b"fabric:tcp;ofi_rxm"))
+write("sockets_stat", "short-file", stat_header(65536) + struct.pack("<Q", 4096) + stat_row(0))
+write("sockets_stat", "unterminated", stat_header(1) + struct.pack("<Q", 8192)
+      + stat_row(0, path=b"x" * 48, state=9, why=200))

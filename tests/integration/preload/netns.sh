@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # tests/integration/preload/netns.sh PRELOAD: two simulated hosts (network
 # namespaces joined by a veth pair, created and removed here). A preloaded
-# python3 server and client move 32 MiB each way; the connection must switch
-# to the fabric (its peer is on another host: the sockets layer opens the
-# providers for it) and every byte must arrive, checked by SHA-256.
+# python3 server and client move 32 MiB each way, twice, and every byte must
+# arrive, checked by SHA-256:
+#  - by default the connection stays kernel TCP, decided by both ends before
+#    any byte (no RDMA device here: libfabric's tcp provider, TCP underneath,
+#    cannot beat kernel TCP), and the log says so;
+#  - with VMMC_SOCKETS_REMOTE=fabric it switches to the fabric (the sockets
+#    layer opens the providers for a peer on another host).
 # Exit 77 (skip) where namespaces cannot be created.
 set -euo pipefail
 preload=$1
@@ -62,31 +66,49 @@ PY
 # sanitizer builds' preload list) would report the interpreter, not us.
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
 size=$((32 << 20)) port=47311
-run() {  # namespace, address for the stack, peer.py arguments...
-  local ns=$1 self=$2
-  shift 2
-  timeout 90 ip netns exec "$ns" env LD_PRELOAD="$preload" VMMC_CORE_TCP_ADDRESS="$self" \
-    VMMC_SOCKETS_LOG_LEVEL=3 python3 "$work/peer.py" "$@"
+# pair <label> <env...>: one server and one client, both preloaded with the
+# given settings; checks the bytes, leaves the logs in $work.
+pair() {
+  local label=$1 status=0 server
+  shift
+  run() {  # namespace, address for the stack, peer.py arguments...
+    local ns=$1 self=$2
+    shift 2
+    timeout 90 ip netns exec "$ns" env LD_PRELOAD="$preload" VMMC_CORE_TCP_ADDRESS="$self" \
+      VMMC_SOCKETS_LOG_LEVEL=3 "${settings[@]}" python3 "$work/peer.py" "$@"
+  }
+  settings=("$@")
+  ((port += 1))
+  run "$a" 10.231.0.1 server 10.231.0.1 $port $size > "$work/server.out" 2> "$work/server.err" &
+  server=$!
+  for _ in $(seq 100); do grep -q listening "$work/server.out" && break; sleep 0.05; done
+  run "$b" 10.231.0.2 client 10.231.0.1 $port $size > "$work/client.out" 2> "$work/client.err" ||
+    status=$?
+  wait "$server" || status=$?
+  cat "$work/server.out" "$work/client.out"
+  read -r _ _ server_sent _ server_got < <(grep "^server sent" "$work/server.out") || true
+  read -r _ _ client_sent _ client_got < <(grep "^client sent" "$work/client.out") || true
+  [[ $status == 0 ]] || problem+=" $label: a peer failed (status $status)"
+  [[ -n ${server_sent:-} && $server_sent == "${client_got:-}" ]] ||
+    problem+=" $label: server->client bytes differ"
+  [[ -n ${client_sent:-} && $client_sent == "${server_got:-}" ]] ||
+    problem+=" $label: client->server bytes differ"
 }
-run "$a" 10.231.0.1 server 10.231.0.1 $port $size > "$work/server.out" 2> "$work/server.err" &
-server=$!
-for _ in $(seq 100); do grep -q listening "$work/server.out" && break; sleep 0.05; done
-status=0
-run "$b" 10.231.0.2 client 10.231.0.1 $port $size > "$work/client.out" 2> "$work/client.err" || status=$?
-wait "$server" || status=$?
-cat "$work/server.out" "$work/client.out"
-read -r _ _ server_sent _ server_got < <(grep "^server sent" "$work/server.out") || true
-read -r _ _ client_sent _ client_got < <(grep "^client sent" "$work/client.out") || true
 problem=
-[[ $status == 0 ]] || problem="a peer failed (status $status)"
-[[ -n ${server_sent:-} && $server_sent == "${client_got:-}" ]] || problem+=" server->client bytes differ"
-[[ -n ${client_sent:-} && $client_sent == "${server_got:-}" ]] || problem+=" client->server bytes differ"
+pair default
 for side in server client; do
-  grep -q "switched to fabric" "$work/$side.err" || problem+=" the $side did not switch to the fabric"
+  grep -q "plain TCP (peer on another host and no RDMA device" "$work/$side.err" ||
+    problem+=" default: the $side did not keep kernel TCP, saying why"
+  ! grep -q "switched to" "$work/$side.err" || problem+=" default: the $side switched"
+done
+cp "$work/client.err" "$work/client.default.err"
+pair fabric VMMC_SOCKETS_REMOTE=fabric
+for side in server client; do
+  grep -q "switched to fabric" "$work/$side.err" || problem+=" fabric: the $side did not switch"
 done
 if [[ -n $problem ]]; then
   echo "FAIL:$problem"
-  tail -n 5 "$work/server.err" "$work/client.err"
+  tail -n 5 "$work/client.default.err" "$work/server.err" "$work/client.err"
   exit 1
 fi
-echo "ok: 2 x $size bytes across namespaces over the fabric"
+echo "ok: 2 x $size bytes across namespaces, on kernel TCP by default and over the fabric"

@@ -34,6 +34,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -966,15 +967,23 @@ int sendfile_closed_case() {
 }
 
 // ---- waits on descriptors that are not accelerated do not spin (issue 14
-// item 10): 1000 poll() and 1000 epoll_wait() of 1 ms on a connection that
-// is still deciding (its other end, accepted with the raw system call, is
-// a plain peer that never answers the offer) cost this thread a few ms of
-// CPU, not the 200 us busy-poll per call a channel gets.
+// item 10): poll() and epoll_wait() of 1 ms on a connection that is still
+// deciding (its other end, accepted with the raw system call, is a plain
+// peer that never answers the offer) cost this thread what the same waits
+// cost through the raw system calls, measured in the same run (alternated,
+// the least of 4 rounds), not the 200 us busy-poll per call a channel gets.
 double thread_cpu_ms() {
   rusage u{};
   ::getrusage(RUSAGE_THREAD, &u);
   return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1e3 +
          static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e3;
+}
+
+template <typename Wait>
+double cpu_ms_of(int calls, Wait wait) {
+  double start = thread_cpu_ms();
+  for (int i = 0; i < calls; ++i) check(wait() >= 0, "wait");
+  return thread_cpu_ms() - start;
 }
 
 int idle_wait_case() {
@@ -983,31 +992,40 @@ int idle_wait_case() {
   int client = connect_to(port);
   int server = static_cast<int>(::syscall(SYS_accept4, lfd, nullptr, nullptr, 0));
   check(server >= 0, "accept");
-  constexpr int calls = 1000;
-  constexpr double most_ms = 50;  // spinning: about calls x 0.2 ms = 200 ms
-  double start = thread_cpu_ms();
-  for (int i = 0; i < calls; ++i) {
-    pollfd p{client, POLLIN, 0};
-    check(::poll(&p, 1, 1) >= 0, "poll");
-  }
-  double poll_ms = thread_cpu_ms() - start;
   int ep = ::epoll_create1(EPOLL_CLOEXEC);
   check(ep >= 0, "epoll_create1");
   epoll_event ev{EPOLLIN, {}};
   ev.data.fd = client;
   check(::epoll_ctl(ep, EPOLL_CTL_ADD, client, &ev) == 0, "epoll_ctl");
-  start = thread_cpu_ms();
-  for (int i = 0; i < calls; ++i) {
-    epoll_event out[4];
-    check(::epoll_wait(ep, out, 4, 1) >= 0, "epoll_wait");
+  pollfd p{client, POLLIN, 0};
+  epoll_event out[4];
+  auto ours_poll = [&] { return ::poll(&p, 1, 1); };
+  auto kernel_poll = [&] { return static_cast<int>(::syscall(SYS_poll, &p, 1, 1)); };
+  auto ours_epoll = [&] { return ::epoll_wait(ep, out, 4, 1); };
+  auto kernel_epoll = [&] { return static_cast<int>(::syscall(SYS_epoll_wait, ep, out, 4, 1)); };
+  constexpr int calls = 250, rounds = 4;
+  constexpr double spin_ms = calls * 0.2;  // a channel's busy-poll, 200 us a call
+  double ours[2] = {1e9, 1e9}, kernel[2] = {1e9, 1e9};
+  for (int r = 0; r < rounds; ++r) {
+    ours[0] = std::min(ours[0], cpu_ms_of(calls, ours_poll));
+    kernel[0] = std::min(kernel[0], cpu_ms_of(calls, kernel_poll));
+    ours[1] = std::min(ours[1], cpu_ms_of(calls, ours_epoll));
+    kernel[1] = std::min(kernel[1], cpu_ms_of(calls, kernel_epoll));
   }
-  double epoll_ms = thread_cpu_ms() - start;
-  std::fprintf(stderr, "idle waits: %d poll() %.1f ms CPU, %d epoll_wait() %.1f ms CPU\n", calls,
-               poll_ms, calls, epoll_ms);
-  if (poll_ms > most_ms || epoll_ms > most_ms) {
-    std::fprintf(stderr, "[%d] FAIL: waits on descriptors not accelerated spin\n", ::getpid());
-    return 1;
-  }
+  std::fprintf(stderr,
+               "idle waits, %d calls, least CPU of %d rounds: poll() %.1f ms (raw system "
+               "call %.1f ms), epoll_wait() %.1f ms (raw %.1f ms)\n",
+               calls, rounds, ours[0], kernel[0], ours[1], kernel[1]);
+  // Allowed over the kernel's own cost: a tenth of a channel's spin (20 us a
+  // call), so that a wait spinning in one call of ten fails.
+  for (int k = 0; k < 2; ++k)
+    if (ours[k] > kernel[k] + spin_ms / 10) {
+      std::fprintf(stderr,
+                   "[%d] FAIL: %s on descriptors not accelerated costs %.1f ms CPU over the "
+                   "raw system call's %.1f\n",
+                   ::getpid(), k == 0 ? "poll()" : "epoll_wait()", ours[k] - kernel[k], kernel[k]);
+      return 1;
+    }
   ::close(ep);
   ::close(client);
   ::close(server);

@@ -12,14 +12,8 @@
 set -euo pipefail
 preload=$1
 command -v sockperf >/dev/null || { echo "sockperf not installed: skipped"; exit 77; }
-work=$(mktemp -d)
-server=
 source "$(dirname "$0")/../../../scripts/servers.sh"  # free_port, wait_port, stop_server
-cleanup() {
-  stop_server
-  rm -rf "$work"
-}
-trap cleanup EXIT
+scratch_with_server
 fail() { echo "FAIL: $*"; sed 's/^/  client: /' "$work/client"; sed 's/^/  server: /' "$work/server"; exit 1; }
 
 for size in 14 64 1000; do

@@ -8,6 +8,8 @@
 #include <cinttypes>
 #include <cstdio>
 #include <sstream>
+#include <thread>
+#include <vector>
 
 #include "time_scale.h"
 #include "integration/sockets/support.h"
@@ -96,6 +98,112 @@ TEST_P(Stream, GigabytesBothWaysAtOnceLoseAndReorderNothing) {
   EXPECT_EQ(child.wait(30s), 0) << "(" << 128 + SIGALRM << ": the stream outlasted its "
                                 << stream_time_limit.count() << " s limit)";
   io().close(fd);
+  ::signal(SIGPIPE, old_sigpipe);
+}
+
+// Doorbells are records: the peer takes every TCP byte before our hello
+// for data. A reader that returned credit (and so rang the waiting writer)
+// while its own end placed its hello (the channel attached, the hello not
+// yet visible) put a doorbell behind the raw bytes; a peer reader that had
+// caught up with them read 0xDB as data (once in CI, at offset 1,481,011 of
+// integration.sockets.stream). Each round: the server writes in small raw
+// pieces, which the client reads as they come, while the client switches
+// and writes on its channel faster than the server reads, so it waits for
+// space when the server's hello goes out. Every byte must arrive as sent.
+TEST_P(Stream, DoorbellsNeverEnterARawPrefix) {
+  guard_.rearm(90s);
+  auto old_sigpipe = ::signal(SIGPIPE, SIG_IGN);
+  // The server's first write is raw (its hello waits for it), the second
+  // goes on the channel: the client reads on past the raw bytes.
+  constexpr std::size_t server_piece = std::size_t{32} << 20;
+  constexpr std::size_t server_bytes = server_piece + (1 << 20);
+  constexpr std::size_t channel_bytes = std::size_t{4} << 20;
+  const std::vector<unsigned char> raw = pattern(0xA1, server_bytes);
+  for (int round = 0; round < 20; ++round) {
+    socket_pair pair = connect_pair(io());
+    ASSERT_GE(pair.client, 0) << std::strerror(errno);
+    ASSERT_GE(pair.server, 0) << std::strerror(errno);
+    // Small kernel buffers: when the server's write returns, the client is
+    // about to read its last raw byte and then waits for the next.
+    int small = 64 << 10;
+    io().setsockopt(pair.server, SOL_SOCKET, SO_SNDBUF, &small, sizeof small);
+    io().setsockopt(pair.client, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    std::string server_error, client_error, reader_error;
+    std::thread server_writer([&] {
+      std::size_t done = 0;
+      while (done < server_bytes) {
+        ssize_t n =
+            io().write(pair.server, raw.data() + done, std::min(server_piece, server_bytes - done));
+        if (n <= 0) {
+          server_error = std::string("server write: ") + std::strerror(errno);
+          return;
+        }
+        done += static_cast<std::size_t>(n);
+      }
+    });
+    std::thread client_writer([&] {
+      std::vector<unsigned char> piece(1 << 20);
+      for (std::size_t offset = 0; offset < channel_bytes; offset += piece.size()) {
+        fill_pattern(0xB2, offset, piece.data(), piece.size());
+        if (!write_all(io(), pair.client, piece.data(), piece.size(), 0, 30s)) {
+          client_error = std::string("client write: ") + std::strerror(errno);
+          return;
+        }
+      }
+    });
+    std::thread server_reader([&] {
+      std::this_thread::sleep_for(5ms);  // the client fills the ring meanwhile
+      std::vector<unsigned char> piece(16 << 10);
+      std::uint64_t offset = 0;
+      while (offset < channel_bytes) {
+        ssize_t n = io().read(pair.server, piece.data(), piece.size());
+        if (n <= 0) {
+          reader_error = "server read: " + std::string(n == 0 ? "early end" : std::strerror(errno));
+          return;
+        }
+        std::size_t bad = check_pattern(0xB2, offset, piece.data(), static_cast<std::size_t>(n));
+        if (bad != static_cast<std::size_t>(n)) {
+          reader_error = "server read a wrong byte at offset " + std::to_string(offset + bad);
+          return;
+        }
+        offset += static_cast<std::uint64_t>(n);
+        std::this_thread::sleep_for(200us);
+      }
+    });
+    std::vector<unsigned char> piece(1 << 20);
+    std::uint64_t offset = 0;
+    std::string error;
+    while (offset < server_bytes) {
+      ssize_t n = io().read(pair.client, piece.data(),
+                            std::min<std::size_t>(piece.size(), server_bytes - offset));
+      if (n <= 0) {
+        error = "client read: " + std::string(n == 0 ? "early end" : std::strerror(errno));
+        break;
+      }
+      std::size_t bad = check_pattern(0xA1, offset, piece.data(), static_cast<std::size_t>(n));
+      if (bad != static_cast<std::size_t>(n)) {
+        char seen[64];
+        std::snprintf(seen, sizeof seen, "0x%02X where the server wrote 0x%02X", piece[bad],
+                      raw[offset + bad]);
+        error = "client read " + std::string(seen) + " at offset " + std::to_string(offset + bad);
+        break;
+      }
+      offset += static_cast<std::uint64_t>(n);
+    }
+    if (!error.empty()) {  // failed: unblock the others
+      io().shutdown(pair.client, SHUT_RDWR);
+      io().shutdown(pair.server, SHUT_RDWR);
+    }
+    server_writer.join();
+    client_writer.join();
+    server_reader.join();
+    io().close(pair.client);
+    io().close(pair.server);
+    ASSERT_EQ(error, "") << "round " << round;
+    ASSERT_EQ(server_error, "") << "round " << round;
+    ASSERT_EQ(client_error, "") << "round " << round;
+    ASSERT_EQ(reader_error, "") << "round " << round;
+  }
   ::signal(SIGPIPE, old_sigpipe);
 }
 

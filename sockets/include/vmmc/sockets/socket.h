@@ -130,6 +130,12 @@ int describe_line(int fd, char* out, size_t length);
 // memfd named in the environment (VMMC_SOCKETS_INHERIT), which the new
 // image's interposer_install() picks up.
 
+// The calling thread's flag, true while it is inside one of this library's
+// calls: the calls the library makes meanwhile must go to libc, even when
+// the program called the library directly (a program linked with it, run
+// under the interposer). The address stays valid for the thread's life.
+const bool* inside_flag() noexcept;
+
 // VMMC_PRELOAD_ENABLE: whether the interposer routes calls here at all.
 bool interposer_enabled();
 // Once per process, before the interposer routes calls here: fork handlers,

@@ -1,0 +1,99 @@
+// Where a connection's peer is, and whether VMMC can beat kernel TCP to it.
+//
+// On this host the mapped path always wins. To another host VMMC goes over a
+// libfabric provider; one without an RDMA device underneath (tcp, which is
+// kernel TCP plus its own framing and progress) can only lose to the kernel
+// TCP it would replace, and a healthy connection would then also depend on
+// a second transport's liveness. So by default such peers keep kernel TCP,
+// decided before the client puts an offer byte on the wire.
+#include <dirent.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "sockets.h"
+
+namespace vmmc::sockets::detail {
+namespace {
+
+// The IP address of a socket address, IPv4-mapped IPv6 as IPv4.
+std::string ip_of(const sockaddr* a) {
+  if (a->sa_family == AF_INET) {
+    auto* v4 = reinterpret_cast<const sockaddr_in*>(a);
+    return std::string(reinterpret_cast<const char*>(&v4->sin_addr), 4);
+  }
+  if (a->sa_family != AF_INET6) return {};
+  auto* v6 = reinterpret_cast<const sockaddr_in6*>(a);
+  if (IN6_IS_ADDR_V4MAPPED(&v6->sin6_addr))
+    return std::string(reinterpret_cast<const char*>(&v6->sin6_addr) + 12, 4);
+  return std::string(reinterpret_cast<const char*>(&v6->sin6_addr), 16);
+}
+
+// Our interfaces' addresses, listed again at most once a second: a
+// getifaddrs() dump per connection would cost more than the connection.
+bool one_of_our_addresses(const std::string& ip) {
+  using clock = std::chrono::steady_clock;
+  static std::mutex mutex;
+  static std::vector<std::string> addresses;
+  static clock::time_point listed{};
+  std::lock_guard lock(mutex);
+  if (clock::now() - listed > std::chrono::seconds(1)) {
+    ifaddrs* interfaces = nullptr;
+    if (::getifaddrs(&interfaces) != 0) return false;
+    addresses.clear();
+    for (ifaddrs* i = interfaces; i; i = i->ifa_next)
+      if (i->ifa_addr) addresses.push_back(ip_of(i->ifa_addr));
+    ::freeifaddrs(interfaces);
+    listed = clock::now();
+  }
+  for (const std::string& a : addresses)
+    if (!a.empty() && a == ip) return true;
+  return false;
+}
+
+// A device a fabric provider can offload to: verbs and efa devices (and
+// usnic) under /sys/class/infiniband, HPE Slingshot's cxi, Omni-Path's hfi1.
+bool rdma_device_present() {
+  static const bool present = [] {
+    if (DIR* d = ::opendir("/sys/class/infiniband")) {
+      bool any = false;
+      while (dirent* e = ::readdir(d))
+        if (e->d_name[0] != '.') any = true;
+      ::closedir(d);
+      if (any) return true;
+    }
+    return ::access("/dev/cxi0", F_OK) == 0 || ::access("/dev/hfi1_0", F_OK) == 0;
+  }();
+  return present;
+}
+
+}  // namespace
+
+bool peer_on_this_host(int fd) {
+  sockaddr_storage peer{}, local{};
+  socklen_t peer_length = sizeof peer, local_length = sizeof local;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_length) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_length) != 0)
+    return false;
+  const std::string ip = ip_of(reinterpret_cast<const sockaddr*>(&peer));
+  if (ip.empty()) return false;
+  if ((ip.size() == 4 && ip[0] == 127) || ip == std::string(15, '\0') + '\1') return true;
+  if (ip == ip_of(reinterpret_cast<const sockaddr*>(&local))) return true;
+  return one_of_our_addresses(ip);
+}
+
+std::optional<fallback> keep_on_tcp(int fd) {
+  static const std::string mode = core::setting_string(settings::remote);
+  if (mode == "fabric" || peer_on_this_host(fd)) return std::nullopt;
+  if (mode == "tcp") return fallback::remote_tcp;
+  if (rdma_device_present()) return std::nullopt;
+  return fallback::remote_no_rdma;
+}
+
+}  // namespace vmmc::sockets::detail
