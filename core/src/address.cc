@@ -3,17 +3,15 @@
 // Printable ASCII without whitespace: "vmmc1;h=<host>;p=<pid>;u=<uid>;
 // n=<nonce>;c=<ip:port>;f.<provider>=<hex fabric address>...;k=<hex secret>".
 // The secret is only in what a context hands out itself (context::address),
-// never in a hello. The host id is
-// boot id + network namespace, so peers in different namespaces (our
-// simulated hosts) never try the same-host paths.
+// never in a hello. The host is core::host_identity's text (boot id +
+// network namespace), so peers in different namespaces (our simulated
+// hosts) never try the same-host paths.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
-#include <fstream>
 #include <random>
 
 #include "core.h"
@@ -64,18 +62,6 @@ bool parse_u64(std::string_view text, std::uint64_t& out, std::uint64_t max = UI
   return true;
 }
 }  // namespace
-
-std::string local_host_id() {
-  std::string boot;
-  std::ifstream f("/proc/sys/kernel/random/boot_id");
-  std::getline(f, boot);
-  struct stat st {};
-  if (::stat("/proc/self/ns/net", &st) != 0) st.st_ino = 0;
-  std::string id;
-  for (char c : boot)
-    if (c != '-') id += c;
-  return id + "." + std::to_string(st.st_ino);
-}
 
 std::uint64_t random_nonce() {
   std::random_device rd;

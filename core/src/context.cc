@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core.h"
+#include "vmmc/core/host.h"
 
 namespace vmmc::core {
 
@@ -45,7 +46,7 @@ status context::impl::start(const context_options& options) {
   fabric_settings.utlb_limit = static_cast<std::size_t>(setting_integer(settings::utlb_limit));
   fabric_settings.tcp_address = setting_string(settings::tcp_address);
 
-  self.host = local_host_id();
+  self.host = host_identity::local().text();
   self.pid = static_cast<std::uint32_t>(::getpid());
   self.uid = static_cast<std::uint32_t>(::getuid());
   self.nonce = random_nonce();

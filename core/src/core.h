@@ -62,7 +62,7 @@ std::optional<std::vector<std::uint8_t>> user_key();
 
 // ---- address blobs (address.cc) -------------------------------------------
 struct peer_address {
-  std::string host;         // boot id + netns: equal means "same host" for us
+  std::string host;  // host_identity::text(): equal means "same host"
   std::uint32_t pid = 0;
   std::uint32_t uid = 0;
   std::uint64_t nonce = 0;  // distinguishes contexts (and pid reuse)
@@ -81,7 +81,6 @@ struct peer_address {
     return nullptr;
   }
 };
-std::string local_host_id();
 std::uint64_t random_nonce();
 // The public address (no secret): what a hello carries.
 std::string encode_address(const peer_address& a);

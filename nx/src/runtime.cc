@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "parse.h"
+#include "vmmc/core/host.h"
 #include "vmmc/core/settings.h"
 
 namespace vmmc::nx::detail {
@@ -167,12 +168,12 @@ bool runtime::start() {
   bell_ = std::make_unique<doorbell>(boot_->job, node_);
   peers_.resize(static_cast<std::size_t>(nodes_));
 
-  char host[256] = {};
-  ::gethostname(host, sizeof host - 1);
-  // "<host> <pid> <cpus> <context address> <channel descriptor or -> x N <mailbox or -> x N"
+  // "<host> <pid> <cpus> <context address> <channel descriptor or -> x N <mailbox or -> x N",
+  // the host as core defines it (host names repeat across containers).
+  const core::host_identity host = core::host_identity::local();
   const std::string my_cpus = allowed_cpus();
-  std::string blob = std::string(host) + " " + std::to_string(::getpid()) + " " + my_cpus + " " +
-                     context_->address();
+  std::string blob =
+      host.text() + " " + std::to_string(::getpid()) + " " + my_cpus + " " + context_->address();
   std::string mailboxes;
   for (long j = 0; j < nodes_; ++j) {
     if (j == node_) {
@@ -211,18 +212,29 @@ bool runtime::start() {
       return false;
     }
     peer& p = peers_[static_cast<std::size_t>(j)];
-    p.remote = r->host != host;
+    auto peer_host = core::host_identity::parse(r->host);
+    p.remote = !peer_host || !peer_host->same_host(host);
+    p.shares_cpus = peer_host && peer_host->same_kernel(host);
     p.pid = static_cast<pid_t>(r->pid);
     records[static_cast<std::size_t>(j)] = std::move(*r);
+    if (p.remote && options.providers == std::vector<std::string>{"shm"}) {
+      std::fprintf(stderr,
+                   "nx: node %ld is on another host (another kernel or network namespace), and "
+                   "under nxrun nodes open only libfabric's shm: set VMMC_CORE_PROVIDERS "
+                   "(e.g. shm,tcp) for such jobs\n",
+                   j);
+      return false;
+    }
   }
 
-  // More nodes on this host than CPUs they may run on between them (a CPU
-  // set, taskset, more nodes than cores): waiters must yield, not spin.
+  // More nodes on this kernel than CPUs they may run on between them (a CPU
+  // set, taskset, more nodes than cores; network namespaces do not count):
+  // waiters must yield, not spin.
   std::set<int> host_cpus;
   add_cpus(my_cpus, host_cpus);
   long on_host = 1;
   for (long j = 0; j < nodes_; ++j) {
-    if (j == node_ || peers_[static_cast<std::size_t>(j)].remote) continue;
+    if (j == node_ || !peers_[static_cast<std::size_t>(j)].shares_cpus) continue;
     ++on_host;
     add_cpus(records[static_cast<std::size_t>(j)].cpus, host_cpus);
   }

@@ -1,0 +1,38 @@
+// vmmc/core/host.h: what "this host" means, the one definition every layer
+// uses.
+//
+// Two processes are on one host when they run on one kernel (the same boot
+// id) in one network namespace. Only then can they reach each other's
+// abstract Unix sockets (core's control links, NX's doorbells), hand each
+// other memfds, and so take the mapped path. Processes on one kernel in
+// different network namespaces (containers, our simulated hosts) are on
+// different hosts that still share CPUs. Host names decide nothing: they
+// repeat across containers and namespaces.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace vmmc::core {
+
+struct host_identity {
+  std::string kernel;   // the boot id, dashes removed
+  std::string network;  // the network namespace's inode number, in decimal
+
+  // This process's, read now (a process may move to another namespace).
+  static host_identity local();
+  // "<kernel>.<network>": printable, no spaces; what addresses carry.
+  std::string text() const;
+  // The inverse of text(); nullopt for anything text() cannot produce.
+  static std::optional<host_identity> parse(std::string_view text);
+
+  // One kernel and one network namespace.
+  bool same_host(const host_identity& o) const {
+    return kernel == o.kernel && network == o.network;
+  }
+  // One kernel: the two share its CPUs, whatever their namespaces.
+  bool same_kernel(const host_identity& o) const { return kernel == o.kernel; }
+};
+
+}  // namespace vmmc::core
