@@ -350,6 +350,13 @@ int shutdown(int fd, int how) {
     if (s->out_switched.load()) {
       // The TCP connection stays open: it still carries our doorbells.
       (void)s->chan->close_write();
+      // Our reader placed our hello and left its doorbell to our next write:
+      // there is none, and the peer may sleep in the kernel on our raw
+      // bytes. The end must reach it as a FIN would.
+      if (s->switch_doorbell_owed) {
+        s->switch_doorbell_owed = false;
+        ring_doorbell(*s);
+      }
     } else {
       s->hello_pending.store(false);  // this direction ends on TCP
       return ::shutdown(fd, SHUT_WR);

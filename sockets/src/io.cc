@@ -376,10 +376,37 @@ ssize_t transmit(stream& s, const void* buffer, size_t length, int flags, bool r
     }
     return fail(EAGAIN);
   }
-  auto n = ch.write(buffer, length, true, s.send_timeout.load());
-  if (!n) return write_failed(n.error());
-  s.channel_out += *n;
-  return static_cast<ssize_t>(*n);
+  // Waits for space in slices, as receive() waits for bytes: the peer may
+  // ask us to go back to TCP meanwhile (it forks), and only this thread,
+  // holding the write lock, can answer. A writer blocked for the whole of a
+  // large write kept a forking server waiting out its patience, and the
+  // child got EIO.
+  const auto timeout = s.send_timeout.load();
+  const auto deadline = timeout == std::chrono::milliseconds::max() ? clock::time_point::max()
+                                                                    : clock::now() + timeout;
+  const char* bytes = static_cast<const char*>(buffer);
+  std::size_t done = 0;
+  while (true) {
+    auto slice = std::chrono::milliseconds(50);
+    if (deadline != clock::time_point::max())
+      slice =
+          std::min(slice, std::chrono::ceil<std::chrono::milliseconds>(deadline - clock::now()));
+    if (slice.count() <= 0) return done > 0 ? static_cast<ssize_t>(done) : fail(EAGAIN);
+    auto n = ch.write(bytes + done, length - done, true, slice);
+    if (n) {
+      done += *n;
+      s.channel_out += *n;
+      if (done == length) return static_cast<ssize_t>(done);
+    } else if (!n.is(errc::timed_out)) {
+      return done > 0 ? static_cast<ssize_t>(done) : write_failed(n.error());
+    }
+    answer_revert_locked(s);
+    if (s.out_reverted.load()) {
+      ssize_t rest = kernel_write(s.fd, bytes + done, length - done, flags, rw);
+      if (rest < 0) return done > 0 ? static_cast<ssize_t>(done) : -1;
+      return static_cast<ssize_t>(done + static_cast<std::size_t>(rest));
+    }
+  }
 }
 
 void note_tcp_error(stream& s, int error) {

@@ -620,6 +620,121 @@ int fork_at_accept_case() {
   return 0;
 }
 
+// ---- an end that follows a switch no write announced: the client's
+// reader places its hello (a poll), which owes the server's reader, asleep
+// in the kernel on the raw bytes, a doorbell for the next write; the client
+// then only shuts down. The end is in the channel, and the server must
+// learn of it (it slept for ever; socat-style fork-at-accept clients hung so
+// about 1 run in 150).
+int quiet_end_server(std::uint64_t bytes) {
+  int c = accept_one_client();
+  timeval patience{static_cast<time_t>(10 * vmmc::test::time_scale()), 0};
+  check(::setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &patience, sizeof patience) == 0, "SO_RCVTIMEO");
+  receive_pattern(c, 0, bytes);
+  char x;
+  ssize_t n = ::read(c, &x, 1);
+  if (n != 0) {
+    std::fprintf(stderr, "[%d] FAIL: after %llu bytes the client's end did not arrive (%s)\n",
+                 ::getpid(), static_cast<unsigned long long>(bytes),
+                 n < 0 ? std::strerror(errno) : "a byte came");
+    return 1;
+  }
+  ::close(c);
+  return 0;
+}
+
+int quiet_end_client(int port, std::uint64_t bytes) {
+  int fd = connect_to(port);
+  send_pattern(fd, 0, bytes);
+  // The server's answer and hello arrive meanwhile; the reader's poll (no
+  // byte to read) places our hello.
+  for (int i = 0; i < 100; ++i) {
+    pollfd p{fd, POLLIN, 0};
+    check(::poll(&p, 1, 0) >= 0, "poll");
+    ::usleep(1000);
+  }
+  ::shutdown(fd, SHUT_WR);
+  char x;
+  check(::read(fd, &x, 1) == 0, "end of stream after the server's close");
+  ::close(fd);
+  return 0;
+}
+
+int quiet_end_case() {
+  for (std::uint64_t bytes : {std::uint64_t{0}, std::uint64_t{1000}})
+    serve_clients({"quiet-end-server", std::to_string(bytes)},
+                  {"quiet-end-client", std::to_string(bytes)});
+  return 0;
+}
+
+// ---- fork while the client's writer is blocked in one large write (the
+// server does not read) and its reader waits: the write holds the write
+// lock, so only the writer can answer the fork's request to go back to
+// TCP. It waited for space in one piece and answered only once its whole
+// write was in: the fork took all 96 MiB into the parent's memory (and a
+// write larger than the fork's patience left the child EIO).
+constexpr std::uint64_t big_write = 96u << 20;
+
+int fork_under_write_server() {
+  int c = accept_one_client();
+  ping(c, false);
+  expect_path(c, true, "server before fork");
+  ::usleep(300000);  // the client's large write fills the ring and blocks
+  auto before = std::chrono::steady_clock::now();
+  pid_t child = ::fork();
+  check(child >= 0, "fork");
+  if (child == 0) {
+    receive_pattern(c, 0, big_write);
+    char x;
+    check(::read(c, &x, 1) == 0, "end of stream after the large write");
+    write_all(c, "k", 1);
+    _exit(0);
+  }
+  auto took = std::chrono::steady_clock::now() - before;
+  // What the fork took off the channel for the child (vmmc_in), kept in
+  // this process's memory: the ring's worth, not the whole write.
+  std::string d = describe(c);
+  auto at = d.find("vmmc_in=");
+  check(at != std::string::npos, "the connection's description");
+  unsigned long long kept = std::strtoull(d.c_str() + at + 8, nullptr, 10);
+  ::close(c);
+  reap(child, "child (reads the large write)");
+  if (kept > big_write / 4) {
+    std::fprintf(stderr, "[%d] FAIL: the fork waited for a %llu-byte write and kept %llu bytes\n",
+                 ::getpid(), static_cast<unsigned long long>(big_write), kept);
+    return 1;
+  }
+  if (took > std::chrono::milliseconds(1000)) {
+    std::fprintf(stderr, "[%d] FAIL: fork waited %lld ms for a client blocked in a write\n",
+                 ::getpid(),
+                 static_cast<long long>(
+                     std::chrono::duration_cast<std::chrono::milliseconds>(took).count()));
+    return 1;
+  }
+  return 0;
+}
+
+int fork_under_write_client(int port) {
+  int fd = connect_to(port);
+  ping(fd, true);
+  std::thread reader([fd] {
+    char x;
+    check(::read(fd, &x, 1) == 1 && x == 'k', "the child's answer");
+    check(::read(fd, &x, 1) == 0, "end of stream after the answer");
+  });
+  std::vector<char> buf(big_write);
+  fill(buf.data(), buf.size(), 0);
+  write_all(fd, buf.data(), buf.size());  // one call
+  ::shutdown(fd, SHUT_WR);
+  reader.join();
+  ::close(fd);
+  return 0;
+}
+
+int fork_under_write_case() {
+  return serve_clients({"fork-under-write-server"}, {"fork-under-write-client"});
+}
+
 // ---- fork while the peer does not run (asleep, no call on the socket):
 // after its 2 s of patience the fork goes on; the child cannot use the
 // connection (EIO), the parent keeps it, and once the peer runs again (and
@@ -1679,6 +1794,13 @@ int main(int argc, char** argv) {
   if (role == "fork-at-accept-client")
     return fork_at_accept_client(static_cast<int>(arg(2)), static_cast<std::uint64_t>(arg(3)));
   if (role == "fork-before-accept") return prefork_case();
+  if (role == "quiet-end") return quiet_end_case();
+  if (role == "fork-under-write") return fork_under_write_case();
+  if (role == "fork-under-write-server") return fork_under_write_server();
+  if (role == "fork-under-write-client") return fork_under_write_client(static_cast<int>(arg(2)));
+  if (role == "quiet-end-server") return quiet_end_server(static_cast<std::uint64_t>(arg(2)));
+  if (role == "quiet-end-client")
+    return quiet_end_client(static_cast<int>(arg(2)), static_cast<std::uint64_t>(arg(3)));
   if (role == "exec") return exec_case(false);
   if (role == "inetd") return exec_case(true);
   if (role == "one-side") return one_side_case();
