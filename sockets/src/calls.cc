@@ -323,15 +323,38 @@ int dup2(int fd, int target) {
   return vmmc::sockets::dup3(fd, target, 0);
 }
 
+namespace {
+// With write_mutex held, our writes on the channel: their end goes there.
+void end_writes_in_channel(stream& s) {
+  (void)s.chan->close_write();
+  // Our reader placed our hello and left its doorbell to our next write:
+  // there is none, and the peer may sleep in the kernel on our raw bytes.
+  // The end must reach it as a FIN would.
+  if (s.switch_doorbell_owed) {
+    s.switch_doorbell_owed = false;
+    ring_doorbell(s);
+  }
+}
+}  // namespace
+
 int shutdown(int fd, int how) {
   detail::api_call entered;
   stream_ptr s = managed(fd);
   if (!s || s->state.load() != phase::upgraded) {
+    // Our direction ends on TCP: it must never switch to a channel later.
+    // Marked before the FIN: a reader that took the peer's answer meanwhile
+    // placed our hello after it, which sent the peer to the channel for an
+    // end only TCP carried (it waited there for ever, 1 fork-at-accept run
+    // in about 100).
+    const bool ends_writes = s && how != SHUT_RD;
+    if (ends_writes) s->write_shut.store(true);
     int r = ::shutdown(fd, how);
-    if (r == 0 && s && how != SHUT_RD) {
-      // Our direction ends on TCP: it must never switch to a channel later.
+    if (ends_writes) {
       std::lock_guard lock(s->write_mutex);
-      s->write_shut.store(true);
+      if (r != 0)
+        s->write_shut.store(false);
+      else if (s->out_switched.load() && !s->out_reverted.load())
+        end_writes_in_channel(*s);  // a hello placed before our mark
     }
     return r;
   }
@@ -349,14 +372,7 @@ int shutdown(int fd, int how) {
     if (s->out_reverted.load()) return ::shutdown(fd, SHUT_WR);
     if (s->out_switched.load()) {
       // The TCP connection stays open: it still carries our doorbells.
-      (void)s->chan->close_write();
-      // Our reader placed our hello and left its doorbell to our next write:
-      // there is none, and the peer may sleep in the kernel on our raw
-      // bytes. The end must reach it as a FIN would.
-      if (s->switch_doorbell_owed) {
-        s->switch_doorbell_owed = false;
-        ring_doorbell(*s);
-      }
+      end_writes_in_channel(*s);
     } else {
       s->hello_pending.store(false);  // this direction ends on TCP
       return ::shutdown(fd, SHUT_WR);
