@@ -12,25 +12,16 @@
 # Exit 77 (skip) where namespaces cannot be created.
 set -euo pipefail
 nxrun=$1 cases=$2
+. "$(dirname "$0")/../../support/two_hosts.sh"
 scale=${VMMC_TEST_TIME_SCALE:-1}
 ns=vmmc-nxh-$$
 work=$(mktemp -d)
 cleanup() {
-  ip netns del "$ns-0" 2>/dev/null || true
-  ip netns del "$ns-1" 2>/dev/null || true
+  remove_two_hosts "$ns-0" "$ns-1"
   rm -rf "$work"
 }
 trap cleanup EXIT
-ip netns add "$ns-0" 2>/dev/null || { echo "cannot create network namespaces"; exit 77; }
-ip netns add "$ns-1"
-ip link add "nxh$$a" type veth peer name "nxh$$b"
-ip link set "nxh$$a" netns "$ns-0"
-ip link set "nxh$$b" netns "$ns-1"
-ip -n "$ns-0" addr add 10.233.0.1/24 dev "nxh$$a"
-ip -n "$ns-1" addr add 10.233.0.2/24 dev "nxh$$b"
-for n in 0 1; do ip -n "$ns-$n" link set lo up; done
-ip -n "$ns-0" link set "nxh$$a" up
-ip -n "$ns-1" link set "nxh$$b" up
+two_hosts "$ns-0" "$ns-1" 10.233.0
 # The point of the test: both "hosts" carry the same host name.
 [[ $(ip netns exec "$ns-0" hostname) == $(ip netns exec "$ns-1" hostname) ]] ||
   { echo "FAIL: the namespaces' host names differ; the test means nothing"; exit 1; }

@@ -11,24 +11,15 @@
 # Exit 77 (skip) where namespaces cannot be created.
 set -euo pipefail
 preload=$1
+. "$(dirname "$0")/../../support/two_hosts.sh"
 a=vmmc-pl-$$-a b=vmmc-pl-$$-b
 work=$(mktemp -d)
 cleanup() {
-  ip netns del "$a" 2>/dev/null || true
-  ip netns del "$b" 2>/dev/null || true
+  remove_two_hosts "$a" "$b"
   rm -rf "$work"
 }
 trap cleanup EXIT
-ip netns add "$a" 2>/dev/null || { echo "cannot create network namespaces"; exit 77; }
-ip netns add "$b"
-ip link add "v$$a" type veth peer name "v$$b"
-ip link set "v$$a" netns "$a"
-ip link set "v$$b" netns "$b"
-ip -n "$a" addr add 10.231.0.1/24 dev "v$$a"
-ip -n "$b" addr add 10.231.0.2/24 dev "v$$b"
-for ns in "$a" "$b"; do ip -n "$ns" link set lo up; done
-ip -n "$a" link set "v$$a" up
-ip -n "$b" link set "v$$b" up
+two_hosts "$a" "$b" 10.231.0
 
 cat > "$work/peer.py" <<'PY'
 import hashlib, random, socket, sys, threading
