@@ -32,8 +32,11 @@ bool needs_us(const stream& s) {
 }
 
 // Only the kernel can make it ready: no channel and no bytes of ours held.
+// (A connection still connecting is not: the look at it before the wait
+// sends our offer as soon as it is connected, whatever the caller waits for.)
 bool kernel_only(const stream& s) {
-  return s.state.load(std::memory_order_relaxed) != phase::upgraded && stash_size(s) == 0;
+  const phase p = s.state.load(std::memory_order_relaxed);
+  return p != phase::upgraded && p != phase::connecting && stash_size(s) == 0;
 }
 
 std::chrono::microseconds spin_time() {

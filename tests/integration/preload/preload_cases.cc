@@ -735,6 +735,46 @@ int fork_under_write_case() {
   return serve_clients({"fork-under-write-server"}, {"fork-under-write-client"});
 }
 
+// ---- a non-blocking connect whose caller then waits only to read, for a
+// server that speaks first: the wait's first look at the connection sends
+// our offer, so the server (which waits for it a moment before its first
+// write) switches. Going straight to the kernel's wait would send it only
+// after the greeting, too late.
+int greeting_server() {
+  int c = accept_one_client();
+  write_all(c, "hello", 5);
+  char x;
+  check(::read(c, &x, 1) == 1 && x == 'r', "the client's reply");
+  expect_path(c, true, "server after its greeting");
+  ::close(c);
+  return 0;
+}
+
+int poll_connecting_client(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+  check(fd >= 0, "socket");
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  int r = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  check(r == 0 || errno == EINPROGRESS, "connect");
+  pollfd p{fd, POLLIN, 0};
+  check(::poll(&p, 1, 5000) == 1, "the greeting");
+  char greeting[5];
+  check(::read(fd, greeting, 5) == 5 && std::memcmp(greeting, "hello", 5) == 0, "greeting");
+  ::fcntl(fd, F_SETFL, 0);
+  write_all(fd, "r", 1);
+  char x;
+  check(::read(fd, &x, 1) == 0, "end of stream");
+  ::close(fd);
+  return 0;
+}
+
+int poll_connecting_case() {
+  return serve_clients({"greeting-server"}, {"poll-connecting-client"});
+}
+
 // ---- fork while the peer does not run (asleep, no call on the socket):
 // after its 2 s of patience the fork goes on; the child cannot use the
 // connection (EIO), the parent keeps it, and once the peer runs again (and
@@ -1795,6 +1835,9 @@ int main(int argc, char** argv) {
     return fork_at_accept_client(static_cast<int>(arg(2)), static_cast<std::uint64_t>(arg(3)));
   if (role == "fork-before-accept") return prefork_case();
   if (role == "quiet-end") return quiet_end_case();
+  if (role == "poll-connecting") return poll_connecting_case();
+  if (role == "greeting-server") return greeting_server();
+  if (role == "poll-connecting-client") return poll_connecting_client(static_cast<int>(arg(2)));
   if (role == "fork-under-write") return fork_under_write_case();
   if (role == "fork-under-write-server") return fork_under_write_server();
   if (role == "fork-under-write-client") return fork_under_write_client(static_cast<int>(arg(2)));
