@@ -32,8 +32,8 @@ bool needs_us(const stream& s) {
 }
 
 // Only the kernel can make it ready: no channel and no bytes of ours held.
-// (A connection still connecting is not: the look at it before the wait
-// sends our offer as soon as it is connected, whatever the caller waits for.)
+// (A connection still connecting gets a look before the wait too: connected
+// by now, its offer goes at once.)
 bool kernel_only(const stream& s) {
   const phase p = s.state.load(std::memory_order_relaxed);
   return p != phase::upgraded && p != phase::connecting && stash_size(s) == 0;
@@ -60,6 +60,8 @@ int milliseconds_until(clock::time_point deadline) {
 short kernel_interest(stream& s, short wanted) {
   short events = POLLIN;
   phase p = s.state.load();
+  // Connected: the moment our offer goes, whatever the caller waits for.
+  if (p == phase::connecting) return static_cast<short>(wanted | POLLIN | POLLPRI | POLLOUT);
   if (p != phase::upgraded) return static_cast<short>(wanted | POLLIN | POLLPRI);
   if (!s.out_switched.load() || s.out_reverted.load()) events |= wanted & (POLLOUT | POLLWRNORM);
   return events;
@@ -303,8 +305,9 @@ std::uint64_t activity_of(const stream& s) {
 std::uint32_t kernel_events_for(stream* s, std::uint32_t user_events) {
   if (!s) return user_events;
   std::uint32_t e = (user_events & ~EPOLLONESHOT) | EPOLLIN;
-  if (s->state.load() == phase::upgraded && s->out_switched.load() && !s->out_reverted.load())
-    e &= ~EPOLLOUT;
+  const phase p = s->state.load();
+  if (p == phase::connecting) e |= EPOLLOUT;  // see kernel_interest()
+  if (p == phase::upgraded && s->out_switched.load() && !s->out_reverted.load()) e &= ~EPOLLOUT;
   return e;
 }
 
