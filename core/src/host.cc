@@ -34,7 +34,8 @@ std::string host_identity::text() const {
 
 std::optional<host_identity> host_identity::parse(std::string_view text) {
   auto dot = text.find('.');
-  if (dot == std::string_view::npos || dot == 0 || dot + 1 == text.size() || dot > 64 ||
+  // An empty kernel part is what text() makes where the boot id cannot be read.
+  if (dot == std::string_view::npos || dot + 1 == text.size() || dot > 64 ||
       text.size() - dot - 1 > 20)
     return std::nullopt;
   host_identity id{std::string(text.substr(0, dot)), std::string(text.substr(dot + 1))};
