@@ -169,7 +169,22 @@ server=$!
 wait_port "$port" || fail "vmmc-stat: socat did not listen"
 timeout 30 "$bin/vmmc-run" socat -u OPEN:feed "TCP:127.0.0.1:$port" 2>stat.client.log 3>&- &
 stat_client=$!
-cat stat-sent.bin >&3
+# A first piece, then the rest once the server has answered the client's
+# offer: a client that wrote everything before the answer came, and then
+# only waited on the FIFO, would never look at its socket again (it stays
+# undecided, on TCP, until its next call on it).
+head -c 65536 stat-sent.bin >&3
+server_answered() {
+  "$bin/vmmc-stat" --json | python3 -c '
+import json, sys
+port = sys.argv[1]
+doc = json.load(sys.stdin)
+sys.exit(0 if any(c["role"] == "server" and c["local"] == "127.0.0.1:" + port and
+                  c["state"] in ("upgrading", "accelerated")
+                  for p in doc["processes"] for c in p["connections"]) else 1)' "$port"
+}
+for _ in $(seq 200); do server_answered && break; sleep 0.05; done
+tail -c +65537 stat-sent.bin >&3
 for _ in $(seq 200); do
   [[ $(stat -c %s stat-received.bin 2>/dev/null) == $((1 << 20)) ]] && break
   sleep 0.05
