@@ -380,7 +380,11 @@ ssize_t transmit(stream& s, const void* buffer, size_t length, int flags, bool r
   // ask us to go back to TCP meanwhile (it forks), and only this thread,
   // holding the write lock, can answer. A writer blocked for the whole of a
   // large write kept a forking server waiting out its patience, and the
-  // child got EIO.
+  // child got EIO. On the mapped path in pieces of a few MiB too: a forking
+  // reader drains the ring into its memory while it waits for our answer,
+  // and a whole slice's worth (26 MB under load) was kept there. (The fabric
+  // path places a large write into a posted receive whole: no pieces.)
+  const std::size_t piece = s.chan_mapped() ? std::size_t{4} << 20 : length;
   const auto timeout = s.send_timeout.load();
   const auto deadline = timeout == std::chrono::milliseconds::max() ? clock::time_point::max()
                                                                     : clock::now() + timeout;
@@ -392,7 +396,7 @@ ssize_t transmit(stream& s, const void* buffer, size_t length, int flags, bool r
       slice =
           std::min(slice, std::chrono::ceil<std::chrono::milliseconds>(deadline - clock::now()));
     if (slice.count() <= 0) return done > 0 ? static_cast<ssize_t>(done) : fail(EAGAIN);
-    auto n = ch.write(bytes + done, length - done, true, slice);
+    auto n = ch.write(bytes + done, std::min(length - done, piece), true, slice);
     if (n) {
       done += *n;
       s.channel_out += *n;
