@@ -188,14 +188,52 @@ int bind(int fd, const sockaddr* address, socklen_t length) {
   detail::api_call entered;
   return ::bind(fd, address, length);
 }
+namespace {
+// A listener is entered in the presence table when it starts listening, or
+// at its first accept (one inherited across exec, listening already).
+void enter_listener(stream& s) {
+  if (s.presence_cookie.load() != 0 || !enabled()) return;
+  s.presence_cookie.store(presence::enter(s.fd));
+}
+
+// A client whose connection stays on this host offers the upgrade only to
+// a listener that is entered (so a plain server never sees our offer), and
+// enters itself first (so the server knows it from a plain client at
+// accept). Otherwise it stays plain, deciding nothing later.
+void enter_client(stream& s, const sockaddr* address, socklen_t length) {
+  bool sized = (address->sa_family == AF_INET && length >= sizeof(sockaddr_in)) ||
+               (address->sa_family == AF_INET6 && length >= sizeof(sockaddr_in6));
+  if (!sized || !enabled() || !peer_on_this_host(address)) return;  // other hosts: route.cc
+  if (!presence::listener_entered(address, length)) {
+    s.fallback_reason.store(fallback::peer_plain);
+    s.state.store(phase::plain);
+    return;
+  }
+  s.presence_cookie.store(presence::enter(s.fd));
+  if (s.presence_cookie.load() == 0) {
+    s.fallback_reason.store(fallback::setup_failed);
+    s.state.store(phase::plain);
+  }
+}
+
+// The accepted connection's client is a vmmc process, or on another host
+// (where only the in-band offer can tell, see route.cc).
+bool peer_is_ours(int fd) {
+  return !peer_on_this_host(fd) || presence::peer_entered(fd);
+}
+}  // namespace
+
 int listen(int fd, int backlog) {
   detail::api_call entered;
   int r = ::listen(fd, backlog);
   // An excluded port's connections are never ours: accept() leaves them to
   // the kernel (kept only to be listed by vmmc-stat, as excluded).
-  if (stream_ptr s = r == 0 ? find(fd) : nullptr; s && !allowed_local(fd, nullptr)) {
+  stream_ptr s = r == 0 ? find(fd) : nullptr;
+  if (s && !allowed_local(fd, nullptr)) {
     s->fallback_reason.store(fallback::excluded);
     s->state.store(phase::plain);
+  } else if (s) {
+    enter_listener(*s);
   }
   return r;
 }
@@ -205,6 +243,7 @@ int accept4(int fd, sockaddr* address, socklen_t* length, int flags) {
   int client = ::accept4(fd, address, length, flags);
   stream_ptr listener = client < 0 ? nullptr : find(fd);
   if (!listener) return client;
+  if (listener->state.load() != phase::plain) enter_listener(*listener);
   int saved = errno;
   sockaddr_storage peer{};
   socklen_t peer_length = sizeof peer;
@@ -222,6 +261,11 @@ int accept4(int fd, sockaddr* address, socklen_t* length, int flags) {
     s->fallback_reason.store(*why);
     s->state.store(phase::plain);
     log(3, "fd %d: plain TCP (%s)", client, fallback_text(*why).data());
+  } else if (!peer_is_ours(client)) {
+    // A client on this host that runs no vmmc (presence.h): it never sees
+    // a byte of ours, and a server that speaks first never waits for it.
+    s->fallback_reason.store(fallback::peer_plain);
+    s->state.store(phase::plain);
   } else {
     s->state.store(phase::undecided);
     try_decide(*s, false);
@@ -243,6 +287,7 @@ int connect(int fd, const sockaddr* address, socklen_t length) {
     s->fallback_reason.store(fallback::excluded);
     s->state.store(phase::plain);
   }
+  if (s && s->state.load() == phase::idle) enter_client(*s, address, length);
   int r = ::connect(fd, address, length);
   if (!s) return r;
   int saved = errno;
@@ -272,7 +317,9 @@ int close(int fd) {
       abandon(s->chan);
     } else if (s && !s->shared.load()) {
       // (A stream shared since fork() may live on in another process: only
-      // the kernel knows which close is the last, so we leave it be.)
+      // the kernel knows which close is the last, so we leave it be; its
+      // presence entry too, which is harmless once the socket is gone.)
+      presence::remove(s->presence_cookie.exchange(0));
       if (s->state.load() == phase::upgraded && s->out_switched.load() && !s->out_reverted.load() &&
           !s->write_shut.load()) {
         std::lock_guard lock(s->write_mutex);

@@ -328,10 +328,8 @@ bool check_connected(stream& s) {
   return true;
 }
 
-void try_decide(stream& s, bool wait_for_first_byte) {
-  if (s.state.load() != phase::undecided) return;
-  std::lock_guard lock(s.setup_mutex);
-  if (s.state.load() != phase::undecided) return;
+namespace {
+void decide_locked(stream& s, bool wait_for_first_byte) {
   if (wait_for_first_byte) {
     pollfd pfd{s.fd, POLLIN | POLLPRI, 0};
     auto hold = server_hold(s.fd);
@@ -357,6 +355,17 @@ void try_decide(stream& s, bool wait_for_first_byte) {
   if (peeked >= 0 || (peek_error != EAGAIN && peek_error != EINTR))
     return become_plain(s, fallback::peer_plain);
   if (wait_for_first_byte) return become_plain(s, fallback::peer_plain);
+}
+}  // namespace
+
+void try_decide(stream& s, bool wait_for_first_byte) {
+  if (s.state.load() != phase::undecided) return;
+  std::lock_guard lock(s.setup_mutex);
+  if (s.state.load() != phase::undecided) return;
+  decide_locked(s, wait_for_first_byte);
+  // The server looked for our entry when it accepted, before it answered.
+  if (s.is_client && s.state.load() != phase::undecided)
+    presence::remove(s.presence_cookie.exchange(0));
 }
 
 bool learn_peer_raw(stream& s) {

@@ -392,6 +392,8 @@ char* const* prepare_exec(char* const* envp) {
   revert_all(true);
   std::string handed;
   for (auto& s : all_streams()) {
+    // The new image may not run vmmc: none of our sockets vouches for it.
+    presence::remove(s->presence_cookie.exchange(0));
     std::size_t left = stash_size(*s);
     if (left == 0) continue;
     int flags = ::fcntl(s->fd, F_GETFD);

@@ -75,17 +75,22 @@ bool rdma_device_present() {
 
 }  // namespace
 
+bool peer_on_this_host(const sockaddr* peer, const sockaddr* local) {
+  const std::string ip = ip_of(peer);
+  if (ip.empty()) return false;
+  if ((ip.size() == 4 && ip[0] == 127) || ip == std::string(15, '\0') + '\1') return true;
+  if (local && ip == ip_of(local)) return true;
+  return one_of_our_addresses(ip);
+}
+
 bool peer_on_this_host(int fd) {
   sockaddr_storage peer{}, local{};
   socklen_t peer_length = sizeof peer, local_length = sizeof local;
   if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_length) != 0 ||
       ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_length) != 0)
     return false;
-  const std::string ip = ip_of(reinterpret_cast<const sockaddr*>(&peer));
-  if (ip.empty()) return false;
-  if ((ip.size() == 4 && ip[0] == 127) || ip == std::string(15, '\0') + '\1') return true;
-  if (ip == ip_of(reinterpret_cast<const sockaddr*>(&local))) return true;
-  return one_of_our_addresses(ip);
+  return peer_on_this_host(reinterpret_cast<const sockaddr*>(&peer),
+                           reinterpret_cast<const sockaddr*>(&local));
 }
 
 std::optional<fallback> keep_on_tcp(int fd) {

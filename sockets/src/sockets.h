@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "presence.h"
 #include "vmmc/core/context.h"
 #include "vmmc/core/settings.h"
 #include "vmmc/redirect/channel.h"
@@ -60,6 +61,9 @@ struct stream {
   std::atomic<int> aliases{1};      // descriptors of this process naming the stream
   std::atomic<bool> closed{false};  // the last of them was closed
   std::atomic<bool> is_client{false};
+  // Its entry in our user's presence table (a listener, or a client until
+  // it has decided), 0 if none (presence.h).
+  std::atomic<std::uint64_t> presence_cookie{0};
   std::atomic<phase> state{phase::idle};
   std::atomic<fallback> fallback_reason{fallback::none};  // why it is kernel TCP (vmmc-stat)
   std::atomic<bool> nonblocking{false};
@@ -218,6 +222,8 @@ void log(int level, const char* format, ...) __attribute__((format(printf, 2, 3)
 // The other end is on this host (in this network namespace): loopback, or
 // an address of one of our interfaces.
 bool peer_on_this_host(int fd);
+// The same for the address a connect() names (`local`: null if not bound yet).
+bool peer_on_this_host(const sockaddr* peer, const sockaddr* local = nullptr);
 // Why a connection stays on kernel TCP although both ends may speak VMMC,
 // if it does: its peer is on another host and no fabric there can beat
 // kernel TCP (VMMC_SOCKETS_REMOTE). Decided before any byte of ours.

@@ -21,7 +21,8 @@ const core::setting enable    {"sockets", "enable",    core::setting_type::boole
   "offer and accept VMMC on TCP connections (0: every socket stays kernel TCP)"};
 const core::setting hold_us   {"sockets", "hold_us",   core::setting_type::integer, "10000",
   "a server that writes before reading waits up to this long (or two round trips) for the "
-  "client's offer byte; plain clients of server-speaks-first protocols see it once"};
+  "offer byte of a client on another host; plain clients of server-speaks-first protocols "
+  "there see it once (on this host a server knows a plain client at accept)"};
 const core::setting log_level {"sockets", "log_level", core::setting_type::integer, "0",
   "0 silent, 1 errors, 2 warnings, 3 debug (on stderr)"};
 const core::setting ports     {"sockets", "ports",     core::setting_type::string,  "",
@@ -38,7 +39,8 @@ const core::setting preload_enable {"preload", "enable", core::setting_type::boo
 const core::setting stat      {"sockets", "stat",      core::setting_type::boolean, "1",
   "publish this process's connections for vmmc-stat in <stat_dir>/vmmc-<uid>/<pid>"};
 const core::setting stat_dir  {"sockets", "stat_dir",  core::setting_type::string,  "/dev/shm",
-  "where processes publish their connections and vmmc-stat reads them"};
+  "where processes publish their connections (vmmc-stat reads them) and their users' presence "
+  "tables (which sockets run vmmc); the same for every process of the host"};
 // clang-format on
 namespace {
 const core::setting table[] = {enable, hold_us, log_level, ports, exclude, remote, stat, stat_dir};

@@ -4,11 +4,13 @@
 //   server -> client TCP: [accept] hello_frame  raw bytes (N_s) ... doorbells
 //
 // [offer] and [accept] are single TCP *urgent* bytes (MSG_OOB), each the very
-// first byte its sender puts on the connection. A plain TCP program never
-// reads urgent bytes (unless it set SO_OOBINLINE), so the offer is invisible
-// to a plain server and the accept is never sent to a plain client. A vmmc
-// end decides from the first byte it receives: urgent offer/accept means the
-// peer speaks vmmc, an ordinary byte means it does not (for good).
+// first byte its sender puts on the connection. On one host they are only
+// sent once the other end is known to run vmmc (presence.h), so a plain peer
+// never sees one. Across hosts the offer is the only signal: a plain TCP
+// program never reads urgent bytes (unless it set SO_OOBINLINE), and the
+// accept is never sent to a plain client. A vmmc end decides from the first
+// byte it receives: urgent offer/accept means the peer speaks vmmc, an
+// ordinary byte means it does not (for good).
 //
 // The server answers an offer with [accept] and a hello_frame naming its
 // redirect channel. The client connects its channel to it; the channel hello

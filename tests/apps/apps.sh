@@ -9,7 +9,7 @@
 #   tests/apps/apps.sh [--build DIR] [--preload VALUE] [--vrpc-preload VALUE]
 #                      [--rounds N] [--modes M,...] [--full] [--keep] [CASE...]
 # Cases (default: all): nginx_ab nginx_ab_keepalive curl_big socat_fork sshd
-# postgres python_asyncio vrpc_fork. --full: larger runs, 3 rounds.
+# postgres python_asyncio python_banner vrpc_fork. --full: larger runs, 3 rounds.
 # --preload / --vrpc-preload: the LD_PRELOAD values (default: the modules of
 # --build). --modes: which of both,server,client run beside none (default:
 # all). --keep: leave the logs of every run in /tmp. Exits 1 when any mode of
@@ -30,7 +30,8 @@ export PATH=$PATH:/usr/sbin:/sbin  # sshd, nginx, rpcbind
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 self=$here/$(basename "$0")
-all_cases=(nginx_ab nginx_ab_keepalive curl_big socat_fork sshd postgres python_asyncio vrpc_fork)
+all_cases=(nginx_ab nginx_ab_keepalive curl_big socat_fork sshd postgres python_asyncio python_banner
+           vrpc_fork)
 modes=(none both server client)
 
 build=$root/build preload= vpreload= rounds=2 full=0 inner=0 keep=0 cases=()
@@ -64,8 +65,10 @@ done
 # loaded, threads, 0.3-1 s here) is not all that a figure measures.
 if ((full)); then
   ab_n=20000 abk_n=200000 big_mib=1024 socat_mib=128 ssh_mib=256 pg_tx=4000 py_mib=64 kv_calls=5000
+  banner_n=4000
 else
   ab_n=5000 abk_n=50000 big_mib=200 socat_mib=32 ssh_mib=64 pg_tx=1000 py_mib=16 kv_calls=1000
+  banner_n=1000
 fi
 
 source "$root/scripts/servers.sh"  # free_port, wait_port, stop_server, stop_server_gently
@@ -398,6 +401,24 @@ case_python_asyncio() {
 }
 unit_python_asyncio=MB/s title_python_asyncio="python3 asyncio echo, 8 x ${py_mib} MiB"
 
+# 7b: a server that speaks first (banner.py), one short connection per
+# exchange. With only one side preloaded the other end is plain: the
+# connections must cost what the kernel's cost (before, a preloaded server
+# waited VMMC_SOCKETS_HOLD_US, 10 ms, for an offer on every one: ratio 0.01).
+setup_python_banner() { need python3; }
+case_python_banner() {
+  local port; port=$(free_port)
+  serve - python3 "$here/banner.py" server "$port"
+  wait_port "$port" || problem "banner.py server did not listen"
+  client banner - python3 "$here/banner.py" client "$port" "$banner_n"
+  digest "$(grep '^digest' "$run/banner.out" || true)"
+  figure "$(sed -n 's|^conn/s ||p' "$run/banner.out")"
+  finish_server TERM
+}
+unit_python_banner=conn/s title_python_banner="python3 banner server, ${banner_n} connections"
+# Modes whose ratio may not fall below a floor: a plain end must not pay.
+floor_python_banner="server:0.5 client:0.5"
+
 # 8: vRPC: the kv service (examples/kv) under rpcbind, in network and mount
 # namespaces of our own; the rpcgen client (kv_fork_client.c) forks. Modes:
 # server = the vRPC server (else libtirpc's TCP, vmmc-kv-server -p), client =
@@ -494,6 +515,12 @@ report() {
     local ratio=-
     if [[ -n $best && -n $k ]]; then ratio=$(python3 -c "import sys; k,v=map(float,sys.argv[1:]); print('%.2f' % (v/k) if k > 0 else '-')" "$k" "$best"); fi
     if [[ $mode == none ]]; then ratio=1; fi
+    local floorvar=floor_$1 floor
+    floor=$(tr ' ' '\n' <<<"${!floorvar:-}" | sed -n "s/^$mode://p")
+    if [[ -n $floor && $ratio != - ]] && python3 -c "import sys; sys.exit(float(sys.argv[1]) >= float(sys.argv[2]))" "$ratio" "$floor"; then
+      status=FAIL
+      echo "---- $title, mode $mode: ratio $ratio below its floor $floor" >>"$work/failures"
+    fi
     printf '| %-44s | %-6s | %-4s | %12s %-7s | %6s | %5s |\n' "$title" "$mode" "$status" "${best:--}" "$unit" "$ratio" "$acc"
     for d in "${why[@]}"; do
       {

@@ -25,6 +25,8 @@
 #include <set>
 #include <sstream>
 
+#include "presence.h"  // sockets/src: a relay that passes upgrades vouches for its sockets
+
 namespace vmmc::test::fault {
 
 using clock_type = std::chrono::steady_clock;
@@ -160,8 +162,8 @@ void set_reset_on_close(int fd) {
 
 class relay::impl {
  public:
-  impl(const sockaddr_in& target, fault_plan up, fault_plan down)
-      : target_(target), up_plan_(up), down_plan_(down) {}
+  impl(const sockaddr_in& target, fault_plan up, fault_plan down, upgrades mode)
+      : target_(target), up_plan_(up), down_plan_(down), pass_upgrades_(mode == upgrades::pass) {}
 
   int start() {
     listener_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -175,6 +177,7 @@ class relay::impl {
         ::listen(listener_, 64) != 0 ||
         ::getsockname(listener_, reinterpret_cast<sockaddr*>(&a), &length) != 0)
       return 0;
+    if (pass_upgrades_ && sockets::detail::presence::enter(listener_) == 0) return 0;
     thread_ = std::thread([this] { run(); });
     return ntohs(a.sin_port);
   }
@@ -291,6 +294,7 @@ class relay::impl {
       int c = ::accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
       if (c < 0) return;
       int t = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (t >= 0 && pass_upgrades_) (void)sockets::detail::presence::enter(t);
       if (t < 0 || ::connect(t, reinterpret_cast<const sockaddr*>(&target_), sizeof target_) != 0) {
         // The target refused: the client sees a reset, as from a closed port.
         set_reset_on_close(c);
@@ -558,6 +562,7 @@ class relay::impl {
 
   sockaddr_in target_;
   fault_plan up_plan_, down_plan_;
+  bool pass_upgrades_;
   int listener_ = -1, wake_ = -1;
   std::thread thread_;
   std::atomic<bool> stopping_{false}, reset_requested_{false}, close_requested_{false};
@@ -568,8 +573,8 @@ class relay::impl {
   relay_counters counters_;
 };
 
-relay::relay(const sockaddr_in& target, fault_plan to_target, fault_plan from_target)
-    : impl_(std::make_unique<impl>(target, to_target, from_target)) {
+relay::relay(const sockaddr_in& target, fault_plan to_target, fault_plan from_target, upgrades mode)
+    : impl_(std::make_unique<impl>(target, to_target, from_target, mode)) {
   port_ = impl_->start();
 }
 

@@ -133,12 +133,20 @@ struct relay_counters {
 // works through it. A relay holds at most 1 MiB per direction; it stops
 // reading a sender whose bytes the other end does not take.
 //
+// On one host a vmmc client offers the upgrade only to a listener that a
+// vmmc process entered in the presence table, and a server answers only a
+// client entered there (sockets/src/presence.h). A relay that passes
+// upgrades enters its own sockets, as a relay across hosts (which nobody
+// asks) would pass them: the tests then see the in-band upgrade cross it.
+//
 // Bounded: a connection is closed once both directions ended; the
 // destructor closes what is left (plain close) and joins the thread.
 // Thread safety: every member may be called from any thread.
+enum class upgrades { pass, plain };
 class relay {
  public:
-  explicit relay(const sockaddr_in& target, fault_plan to_target = {}, fault_plan from_target = {});
+  explicit relay(const sockaddr_in& target, fault_plan to_target = {}, fault_plan from_target = {},
+                 upgrades mode = upgrades::pass);
   ~relay();
   relay(const relay&) = delete;
   relay& operator=(const relay&) = delete;

@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "integration/security/other_user.h"
+#include "presence.h"
 #include "vmmc/sockets/socket.h"
 
 namespace vmmc::test {
@@ -33,6 +34,13 @@ struct hello_frame {
   std::uint32_t magic = 0x53484d56;
   std::uint16_t version = 2, length = 0;
 };
+
+// Any user may enter its own sockets in its presence table (it is vmmc's
+// code, running as the attacker): only then does a vmmc client offer the
+// upgrade to this server at all.
+void vouch_for(int fd) {
+  (void)vmmc::sockets::detail::presence::enter(fd);
+}
 
 int listen_loopback(int& port) {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -85,6 +93,7 @@ TEST(HostileServer, ABadHelloFailsTheConnectionAndIsNeverData) {
     int port = 0;
     int listener = listen_loopback(port);
     if (listener < 0) return std::string("could not listen");
+    vouch_for(listener);
     test.send(std::to_string(port));
     // A frame with a bad magic, then 101 bytes an application must never see.
     std::string hello(8, '\x55');
@@ -123,6 +132,7 @@ TEST(HostileServer, ItsDescriptorCannotSteerTheClientElsewhere) {
     int port = 0, trap_port = 0;
     int listener = listen_loopback(port), trap = listen_loopback(trap_port);
     if (listener < 0 || trap < 0) return std::string("could not listen");
+    vouch_for(listener);
     test.send(std::to_string(port));
     // On loopback, yet it claims another host, whose control listener is the
     // trap: a local port of the server's choosing.
@@ -147,6 +157,48 @@ TEST(HostileServer, ItsDescriptorCannotSteerTheClientElsewhere) {
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // time to go astray
   vs::close(fd);
   EXPECT_EQ(server.finish(), "");
+}
+
+// Issue 14, item 14: a user can vouch only for its own sockets. The attacker
+// holds a descriptor of a plain server's listener (inherited) and enters it
+// in its own presence table; a vmmc client looks in the table of the
+// listener's owner, so it still offers nothing, and the plain server (urgent
+// bytes inline) reads exactly what the client wrote.
+TEST(HostileUser, CannotVouchForAnotherUsersListener) {
+  if (!other_user_process::possible()) GTEST_SKIP() << "needs root to become another user";
+  int port = 0;
+  int listener = listen_loopback(port);
+  ASSERT_GE(listener, 0);
+  int on = 1;
+  ::setsockopt(listener, SOL_SOCKET, SO_OOBINLINE, &on, sizeof on);
+  other_user_process attacker([listener](line_channel& test) {
+    std::uint64_t cookie = vmmc::sockets::detail::presence::enter(listener);
+    test.send(cookie != 0 ? "entered" : "could not enter");
+    test.receive();  // held while the victim connects
+    return std::string();
+  });
+  ASSERT_EQ(attacker.link().receive(), "entered");
+
+  int fd = connect_victim(port);
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  int server = ::accept(listener, nullptr, nullptr);
+  ASSERT_GE(server, 0);
+  ::setsockopt(server, SOL_SOCKET, SO_OOBINLINE, &on, sizeof on);
+  EXPECT_EQ(vs::send(fd, "hello", 5, MSG_NOSIGNAL), 5);
+  vs::close(fd);
+  std::string seen;
+  char buffer[64];
+  pollfd p{server, POLLIN, 0};
+  while (::poll(&p, 1, 5000) == 1) {
+    ssize_t n = ::recv(server, buffer, sizeof buffer, 0);
+    if (n <= 0) break;
+    seen.append(buffer, static_cast<std::size_t>(n));
+  }
+  EXPECT_EQ(seen, "hello");
+  ::close(server);
+  ::close(listener);
+  attacker.link().send("done");
+  EXPECT_EQ(attacker.finish(), "");
 }
 
 }  // namespace

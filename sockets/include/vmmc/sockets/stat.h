@@ -30,7 +30,7 @@ enum class fallback : std::uint8_t {
   none,            // not fallen back
   disabled,        // VMMC_SOCKETS_ENABLE=0
   excluded,        // its port or peer address is outside VMMC_SOCKETS_PORTS / in _EXCLUDE
-  peer_plain,      // the peer does not run vmmc (its first byte was ordinary)
+  peer_plain,      // the peer does not run vmmc (no presence entry, or an ordinary first byte)
   foreign_urgent,  // the peer's first byte was urgent, but not ours
   refused,         // upgrade refused: too many offers awaiting their client's hello
   no_context,      // this process could not create its VMMC context

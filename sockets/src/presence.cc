@@ -1,0 +1,317 @@
+// The presence tables (presence.h): one shared file per user, looked up
+// through sock_diag.
+#include "presence.h"
+
+#include <fcntl.h>
+#include <linux/inet_diag.h>
+#include <linux/netlink.h>
+#include <linux/sock_diag.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "sockets.h"
+
+namespace vmmc::sockets::detail::presence {
+namespace {
+
+// --- The table: 2048 buckets of 8 slots, a slot a cookie and the pid that
+// entered it (to take over slots of dead processes when a bucket is full).
+constexpr std::uint64_t table_magic = 0x31434e4553455250;  // "PRESENC1"
+constexpr std::uint32_t bucket_count = 2048, slots_per_bucket = 8;
+struct slot {
+  std::atomic<std::uint64_t> cookie;
+  std::atomic<std::int32_t> pid;
+  std::uint32_t unused;
+};
+struct table {
+  std::uint64_t magic;
+  std::uint32_t buckets, ways;
+  slot slots[bucket_count * slots_per_bucket];
+};
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
+
+slot* bucket_of(const table& t, std::uint64_t cookie) {
+  std::uint64_t x = cookie + 0x9e3779b97f4a7c15;  // splitmix64: cookies count up
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111eb;
+  x ^= x >> 31;
+  return const_cast<slot*>(&t.slots[(x % bucket_count) * slots_per_bucket]);
+}
+
+std::string path_for(uid_t uid) {
+  std::string base = core::setting_string(settings::stat_dir);
+  if (base.empty()) return {};
+  return base + "/vmmc-presence-" + std::to_string(uid);
+}
+
+// Maps `uid`'s table if it is what it should be: a regular file of that
+// user that nobody else may write (another user's file in its place, made
+// first to vouch for sockets not its own, is refused).
+table* map_table(uid_t uid, bool writable) {
+  std::string path = path_for(uid);
+  if (path.empty()) return nullptr;
+  int fd = ::open(path.c_str(), (writable ? O_RDWR : O_RDONLY) | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return nullptr;
+  struct stat st {};
+  void* at = MAP_FAILED;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == uid && (st.st_mode & 022) == 0 &&
+      st.st_size == static_cast<off_t>(sizeof(table)))
+    at = ::mmap(nullptr, sizeof(table), PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (at == MAP_FAILED) return nullptr;
+  auto* t = static_cast<table*>(at);
+  if (t->magic != table_magic || t->buckets != bucket_count || t->ways != slots_per_bucket) {
+    ::munmap(at, sizeof(table));
+    return nullptr;
+  }
+  return t;
+}
+
+// Our user's table, made whole under a temporary name and then linked into
+// place, so that no process ever maps a half-made one.
+table* make_own_table() {
+  const uid_t uid = ::geteuid();
+  if (table* t = map_table(uid, true)) return t;
+  std::string path = path_for(uid);
+  if (path.empty()) return nullptr;
+  std::string temporary = path + "." + std::to_string(::getpid());
+  int fd = ::open(temporary.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) return nullptr;
+  const std::uint32_t header[] = {static_cast<std::uint32_t>(table_magic),
+                                  static_cast<std::uint32_t>(table_magic >> 32), bucket_count,
+                                  slots_per_bucket};
+  bool made = ::fchmod(fd, 0644) == 0 && ::ftruncate(fd, sizeof(table)) == 0 &&
+              ::pwrite(fd, header, sizeof header, 0) == static_cast<ssize_t>(sizeof header);
+  ::close(fd);
+  if (made && ::link(temporary.c_str(), path.c_str()) != 0 && errno != EEXIST) made = false;
+  ::unlink(temporary.c_str());
+  if (!made) return nullptr;
+  table* t = map_table(uid, true);
+  if (!t) log(1, "presence table %s is not this user's alone: no upgrades", path.c_str());
+  return t;
+}
+
+// Our user's table. A process that changes its user (a server that starts
+// as root and drops to its own) enters its later sockets in the new user's
+// table, whose owner they are. The former user's mapping stays as it is (a
+// thread may be using it).
+struct own_table_state {
+  uid_t uid = 0;
+  table* mapped = nullptr;
+  bool failed = false;
+};
+std::mutex own_mutex;  // made again in a fork() child (see own_table)
+own_table_state own_state;
+std::atomic<table*> own{nullptr};
+
+table* own_table() {
+  static const bool reset_in_child = [] {
+    ::pthread_atfork(nullptr, nullptr, [] { new (&own_mutex) std::mutex; });
+    return true;
+  }();
+  (void)reset_in_child;
+  const uid_t uid = ::geteuid();
+  std::lock_guard lock(own_mutex);
+  if (own_state.uid != uid || (!own_state.mapped && !own_state.failed)) {
+    own_state = {uid, make_own_table(), false};
+    own_state.failed = !own_state.mapped;
+    own.store(own_state.mapped, std::memory_order_release);
+  }
+  return own_state.mapped;
+}
+
+// Other users' tables, mapped read-only on first need and kept. A user
+// without one is looked for again next time (it may start a vmmc process).
+struct other_table {
+  std::atomic<std::uint64_t> key{0};  // uid + 1
+  std::atomic<table*> mapped{nullptr};
+};
+other_table others[32];
+
+// `uid`'s table; `unmap` set when it had no place among the kept ones (more
+// users than places, or a race): the caller unmaps it after use.
+const table* table_of(uid_t uid, bool& unmap) {
+  unmap = false;
+  if (uid == ::geteuid()) return own_table();
+  const std::uint64_t key = std::uint64_t{uid} + 1;
+  for (auto& o : others)
+    if (o.key.load(std::memory_order_acquire) == key)
+      if (table* t = o.mapped.load()) return t;
+  table* t = map_table(uid, false);
+  if (!t) return nullptr;
+  for (auto& o : others) {
+    std::uint64_t none = 0;
+    if (o.key.compare_exchange_strong(none, key)) {
+      o.mapped.store(t);
+      return t;
+    }
+    if (none == key) break;  // another thread is placing its own mapping
+  }
+  unmap = true;
+  return t;
+}
+
+bool entered(uid_t uid, std::uint64_t cookie) {
+  bool unmap = false;
+  const table* t = cookie == 0 ? nullptr : table_of(uid, unmap);
+  if (!t) return false;
+  slot* b = bucket_of(*t, cookie);
+  bool found = false;
+  for (std::uint32_t i = 0; i < slots_per_bucket && !found; ++i)
+    found = b[i].cookie.load(std::memory_order_acquire) == cookie;
+  if (unmap) ::munmap(const_cast<table*>(t), sizeof(table));
+  return found;
+}
+
+// --- sock_diag: the owner and cookie of a TCP socket of this network
+// namespace, by its addresses as that socket sees them.
+struct endpoint {
+  int family = 0;  // AF_INET or AF_INET6 (v4-mapped addresses as AF_INET)
+  std::uint32_t address[4] = {};
+  std::uint16_t port = 0;  // network order
+};
+
+std::optional<endpoint> endpoint_of(const sockaddr* a, socklen_t length) {
+  endpoint e;
+  if (a->sa_family == AF_INET && length >= sizeof(sockaddr_in)) {
+    auto* v4 = reinterpret_cast<const sockaddr_in*>(a);
+    e.family = AF_INET;
+    e.address[0] = v4->sin_addr.s_addr;
+    e.port = v4->sin_port;
+    return e;
+  }
+  if (a->sa_family != AF_INET6 || length < sizeof(sockaddr_in6)) return std::nullopt;
+  auto* v6 = reinterpret_cast<const sockaddr_in6*>(a);
+  e.port = v6->sin6_port;
+  if (IN6_IS_ADDR_V4MAPPED(&v6->sin6_addr)) {
+    e.family = AF_INET;
+    std::memcpy(e.address, v6->sin6_addr.s6_addr + 12, 4);
+  } else {
+    e.family = AF_INET6;
+    std::memcpy(e.address, v6->sin6_addr.s6_addr, 16);
+  }
+  return e;
+}
+
+struct owner {
+  uid_t uid;
+  std::uint64_t cookie;
+};
+
+// One exact lookup (no dump): the kernel finds the socket as it would for
+// a packet, a listener included. A socket of its own per lookup: nothing is
+// kept open, and a fork() child never shares a reply with its parent.
+std::optional<owner> socket_owner(const endpoint& local, const endpoint* remote, int states) {
+  int fd = ::socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+  if (fd < 0) return std::nullopt;
+  struct {
+    nlmsghdr header;
+    inet_diag_req_v2 request;
+  } message{};
+  message.header.nlmsg_len = sizeof message;
+  message.header.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+  message.header.nlmsg_flags = NLM_F_REQUEST;
+  message.request.sdiag_family = static_cast<std::uint8_t>(local.family);
+  message.request.sdiag_protocol = IPPROTO_TCP;
+  message.request.idiag_states = static_cast<std::uint32_t>(states);
+  message.request.id.idiag_sport = local.port;
+  std::memcpy(message.request.id.idiag_src, local.address, sizeof local.address);
+  if (remote) {
+    message.request.id.idiag_dport = remote->port;
+    std::memcpy(message.request.id.idiag_dst, remote->address, sizeof remote->address);
+  }
+  message.request.id.idiag_cookie[0] = INET_DIAG_NOCOOKIE;
+  message.request.id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
+  sockaddr_nl kernel{};
+  kernel.nl_family = AF_NETLINK;
+  alignas(nlmsghdr) char reply[1024];
+  std::optional<owner> found;
+  ssize_t n = -1;
+  if (::sendto(fd, &message, sizeof message, 0, reinterpret_cast<sockaddr*>(&kernel),
+               sizeof kernel) == static_cast<ssize_t>(sizeof message)) {
+    do n = ::recv(fd, reply, sizeof reply, 0);
+    while (n < 0 && errno == EINTR);
+  }
+  ::close(fd);
+  auto* h = reinterpret_cast<const nlmsghdr*>(reply);
+  if (n >= static_cast<ssize_t>(NLMSG_LENGTH(sizeof(inet_diag_msg))) &&
+      h->nlmsg_type == SOCK_DIAG_BY_FAMILY) {
+    inet_diag_msg diag;
+    std::memcpy(&diag, reply + NLMSG_HDRLEN, sizeof diag);
+    found = owner{diag.idiag_uid,
+                  diag.id.idiag_cookie[0] | std::uint64_t{diag.id.idiag_cookie[1]} << 32};
+  }
+  return found;
+}
+
+}  // namespace
+
+std::uint64_t enter(int fd) {
+  table* t = own_table();
+  std::uint64_t cookie = 0;
+  socklen_t length = sizeof cookie;
+  if (!t || ::getsockopt(fd, SOL_SOCKET, SO_COOKIE, &cookie, &length) != 0 || cookie == 0) return 0;
+  slot* b = bucket_of(*t, cookie);
+  const std::int32_t pid = ::getpid();
+  for (int round = 0; round < 2; ++round) {
+    for (std::uint32_t i = 0; i < slots_per_bucket; ++i) {
+      std::uint64_t seen = b[i].cookie.load();
+      if (seen == cookie) return cookie;
+      // A free slot; in the second round, one whose process is gone.
+      bool free = seen == 0;
+      if (!free && round == 1) {
+        std::int32_t holder = b[i].pid.load();
+        free = holder > 0 && holder != pid && ::kill(holder, 0) != 0 && errno == ESRCH;
+      }
+      if (free && b[i].cookie.compare_exchange_strong(seen, cookie)) {
+        b[i].pid.store(pid);
+        return cookie;
+      }
+    }
+  }
+  log(2, "fd %d: presence table full; this socket is not entered", fd);
+  return 0;
+}
+
+void remove(std::uint64_t cookie) {
+  table* t = own.load(std::memory_order_acquire);
+  if (!t || cookie == 0) return;
+  slot* b = bucket_of(*t, cookie);
+  for (std::uint32_t i = 0; i < slots_per_bucket; ++i) {
+    std::uint64_t seen = cookie;
+    if (b[i].cookie.compare_exchange_strong(seen, 0)) return;
+  }
+}
+
+bool listener_entered(const sockaddr* address, socklen_t length) {
+  auto to = endpoint_of(address, length);
+  if (!to) return false;
+  auto listener = socket_owner(*to, nullptr, 1 << TCP_LISTEN);
+  return listener && entered(listener->uid, listener->cookie);
+}
+
+bool peer_entered(int fd) {
+  sockaddr_storage local{}, peer{};
+  socklen_t local_length = sizeof local, peer_length = sizeof peer;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_length) != 0 ||
+      ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_length) != 0)
+    return false;
+  auto ours = endpoint_of(reinterpret_cast<sockaddr*>(&local), local_length);
+  auto theirs = endpoint_of(reinterpret_cast<sockaddr*>(&peer), peer_length);
+  if (!ours || !theirs) return false;
+  auto client = socket_owner(*theirs, &*ours, ~0);
+  return client && entered(client->uid, client->cookie);
+}
+
+}  // namespace vmmc::sockets::detail::presence
