@@ -383,8 +383,21 @@ int collect(int epfd, epoll_set& set, epoll_event* events, int max_events, int t
     if (n >= max_events) break;
     if (reported.count(fd)) continue;
     stream* s = member_stream(in);
-    if (!s || (s->state.load() != phase::upgraded && stash_size(*s) == 0)) continue;
-    if (std::uint32_t ev = member_events(epfd, fd, in, 0)) emit(in, ev);
+    if (!s) continue;
+    // Before its switch (or its decision) a stream's bytes are the kernel's:
+    // in a round that did not ask the kernel, a level-triggered member asks
+    // it alone (its data was not reported again while it lasted).
+    const phase p = s->state.load();
+    const bool kernel_bytes =
+        skip_kernel && !(in.user.events & EPOLLET) &&
+        (p == phase::undecided || (p == phase::upgraded && !s->in_switched.load()));
+    if (p != phase::upgraded && stash_size(*s) == 0 && !kernel_bytes) continue;
+    std::uint32_t kev = 0;
+    if (kernel_bytes) {
+      pollfd p{fd, static_cast<short>(in.user.events & 0xffff), 0};
+      if (::poll(&p, 1, 0) == 1) kev = static_cast<std::uint16_t>(p.revents);
+    }
+    if (std::uint32_t ev = member_events(epfd, fd, in, kev)) emit(in, ev);
   }
   set.rounds_without_kernel = n > 0 ? set.rounds_without_kernel + 1 : 0;
   return n;
