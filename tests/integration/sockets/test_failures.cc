@@ -413,11 +413,15 @@ TEST_P(Failures, AServerKnowsAPlainClientAtAcceptAndNeverWaitsForAnOffer) {
   int served = accept_within(io(), listener);
   ASSERT_GE(served, 0);
   EXPECT_FALSE(vmmc::sockets::describe(served)->plain);
-  EXPECT_EQ(io().write(ours, "ping", 4), 4);
-  EXPECT_EQ(read_full(io(), served, got, 4, 5s), 4);
-  EXPECT_EQ(io().write(served, "pong", 4), 4);
-  EXPECT_EQ(read_full(io(), ours, got, 4, 5s), 4);
-  EXPECT_EQ(std::string(got, 4), "pong");
+  // (Decided at the server's first read: the first round trips go on TCP
+  // while the ends exchange their hellos.)
+  for (int i = 0; i < 20 && !vmmc::sockets::describe(served)->accelerated; ++i) {
+    EXPECT_EQ(io().write(ours, "ping", 4), 4);
+    EXPECT_EQ(read_full(io(), served, got, 4, 5s), 4);
+    EXPECT_EQ(io().write(served, "pong", 4), 4);
+    EXPECT_EQ(read_full(io(), ours, got, 4, 5s), 4);
+    EXPECT_EQ(std::string(got, 4), "pong");
+  }
   EXPECT_EQ(check_accelerated(io(), served), "");
   io().close(ours);
   io().close(served);
