@@ -136,18 +136,6 @@ core::context* context_for(stream& s) {
   return ctx;
 }
 
-// The stream is upgraded with a channel of this process. A connection
-// accepted (or made) before a fork() and decided after it in one process
-// (a forking server's child, when the client's offer came after accept) is
-// that process's own from then on: it ends the channel when it closes, and
-// reverts it before a fork of its own.
-void own_channel(stream& s, redirect::channel chan) {
-  s.chan = std::make_unique<redirect::channel>(std::move(chan));
-  s.inherited.store(false);
-  s.shared.store(false);
-  s.state.store(phase::upgraded);
-}
-
 // Server: the client offered; answer with accept + hello frame.
 void accept_offer(stream& s) {
   if (awaiting_client.fetch_add(1) >= max_awaiting_client()) {
@@ -176,7 +164,8 @@ void accept_offer(stream& s) {
     // The connection is broken; kernel calls will report it.
     return become_plain(s, fallback::setup_failed);
   }
-  own_channel(s, std::move(*chan));
+  s.chan = std::make_unique<redirect::channel>(std::move(*chan));
+  s.state.store(phase::upgraded);
   log(3, "fd %d: client offered VMMC; hello sent", s.fd.load());
 }
 
@@ -211,8 +200,9 @@ void take_accept(stream& s) {
     log(1, "fd %d: no channel; staying on TCP", s.fd.load());
     return;
   }
-  own_channel(s, std::move(chan.value()));
+  s.chan = std::make_unique<redirect::channel>(std::move(*chan));
   s.peer_descriptor = std::move(descriptor);
+  s.state.store(phase::upgraded);
   s.hello_pending.store(true);
   log(3, "fd %d: server accepted VMMC", s.fd.load());
 }
