@@ -209,18 +209,14 @@ void enter_client(stream& s, const sockaddr* address, socklen_t length) {
     s.state.store(phase::plain);
     return;
   }
-  s.presence_cookie.store(presence::enter(s.fd));
-  if (s.presence_cookie.load() == 0) {
+  const std::uint64_t cookie = presence::enter(s.fd);
+  s.presence_cookie.store(cookie);
+  if (cookie == 0) {
     s.fallback_reason.store(fallback::setup_failed);
     s.state.store(phase::plain);
   }
 }
 
-// The accepted connection's client is a vmmc process, or on another host
-// (where only the in-band offer can tell, see route.cc).
-bool peer_is_ours(int fd) {
-  return !peer_on_this_host(fd) || presence::peer_entered(fd);
-}
 }  // namespace
 
 int listen(int fd, int backlog) {
@@ -245,25 +241,35 @@ int accept4(int fd, sockaddr* address, socklen_t* length, int flags) {
   if (!listener) return client;
   if (listener->state.load() != phase::plain) enter_listener(*listener);
   int saved = errno;
-  sockaddr_storage peer{};
-  socklen_t peer_length = sizeof peer;
+  // The connection's addresses, asked once for every decision below.
+  sockaddr_storage peer{}, local{};
+  socklen_t peer_length = sizeof peer, local_length = sizeof local;
+  const bool peer_named =
+      ::getpeername(client, reinterpret_cast<sockaddr*>(&peer), &peer_length) == 0;
+  const bool local_named =
+      ::getsockname(client, reinterpret_cast<sockaddr*>(&local), &local_length) == 0;
+  const auto* peer_address = reinterpret_cast<const sockaddr*>(&peer);
+  const auto* local_address = reinterpret_cast<const sockaddr*>(&local);
+  const bool peer_here =
+      peer_named && local_named && peer_on_this_host(peer_address, local_address);
   auto s = adopt(client, false);
   s->nonblocking.store(flags & SOCK_NONBLOCK);
   if (listener->fallback_reason.load() == fallback::excluded ||
-      (::getpeername(client, reinterpret_cast<sockaddr*>(&peer), &peer_length) == 0 &&
-       !allowed(nullptr, reinterpret_cast<sockaddr*>(&peer)))) {
+      (peer_named && !allowed(nullptr, peer_address))) {
     // An excluded port or peer address: the kernel's alone.
     s->fallback_reason.store(fallback::excluded);
     s->state.store(phase::plain);
-  } else if (auto why = keep_on_tcp(client)) {
+  } else if (auto why = keep_on_tcp_to(peer_here)) {
     // A client on another host that VMMC would not serve better: plain at
     // once (a server that speaks first then never waits for an offer).
     s->fallback_reason.store(*why);
     s->state.store(phase::plain);
     log(3, "fd %d: plain TCP (%s)", client, fallback_text(*why).data());
-  } else if (!peer_is_ours(client)) {
+  } else if (peer_here &&
+             !presence::peer_entered(local_address, local_length, peer_address, peer_length)) {
     // A client on this host that runs no vmmc (presence.h): it never sees
     // a byte of ours, and a server that speaks first never waits for it.
+    // (On another host only the in-band offer can tell, see route.cc.)
     s->fallback_reason.store(fallback::peer_plain);
     s->state.store(phase::plain);
   } else {

@@ -301,14 +301,10 @@ bool listener_entered(const sockaddr* address, socklen_t length) {
   return listener && entered(listener->uid, listener->cookie);
 }
 
-bool peer_entered(int fd) {
-  sockaddr_storage local{}, peer{};
-  socklen_t local_length = sizeof local, peer_length = sizeof peer;
-  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_length) != 0 ||
-      ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_length) != 0)
-    return false;
-  auto ours = endpoint_of(reinterpret_cast<sockaddr*>(&local), local_length);
-  auto theirs = endpoint_of(reinterpret_cast<sockaddr*>(&peer), peer_length);
+bool peer_entered(const sockaddr* local, socklen_t local_length, const sockaddr* peer,
+                  socklen_t peer_length) {
+  auto ours = endpoint_of(local, local_length);
+  auto theirs = endpoint_of(peer, peer_length);
   if (!ours || !theirs) return false;
   auto client = socket_owner(*theirs, &*ours, ~0);
   return client && entered(client->uid, client->cookie);

@@ -30,7 +30,9 @@ void remove(std::uint64_t cookie);
 // The listening socket a connection to `address` (on this host) would reach
 // is entered.
 bool listener_entered(const sockaddr* address, socklen_t length);
-// The socket at the other end of the connected `fd` (on this host) is entered.
-bool peer_entered(int fd);
+// The socket at the other end of a connection (on this host) is entered,
+// given the connection's two addresses as this end sees them.
+bool peer_entered(const sockaddr* local, socklen_t local_length, const sockaddr* peer,
+                  socklen_t peer_length);
 
 }  // namespace vmmc::sockets::detail::presence

@@ -94,8 +94,12 @@ bool peer_on_this_host(int fd) {
 }
 
 std::optional<fallback> keep_on_tcp(int fd) {
+  return keep_on_tcp_to(peer_on_this_host(fd));
+}
+
+std::optional<fallback> keep_on_tcp_to(bool peer_here) {
   static const std::string mode = core::setting_string(settings::remote);
-  if (mode == "fabric" || peer_on_this_host(fd)) return std::nullopt;
+  if (mode == "fabric" || peer_here) return std::nullopt;
   if (mode == "tcp") return fallback::remote_tcp;
   if (rdma_device_present()) return std::nullopt;
   return fallback::remote_no_rdma;

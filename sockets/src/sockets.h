@@ -228,6 +228,8 @@ bool peer_on_this_host(const sockaddr* peer, const sockaddr* local = nullptr);
 // if it does: its peer is on another host and no fabric there can beat
 // kernel TCP (VMMC_SOCKETS_REMOTE). Decided before any byte of ours.
 std::optional<fallback> keep_on_tcp(int fd);
+// The same, once the caller knows whether the peer is on this host.
+std::optional<fallback> keep_on_tcp_to(bool peer_here);
 
 // --- handshake.cc
 // Sends all of a small control message, waiting for the socket (bounded).
