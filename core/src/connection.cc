@@ -95,7 +95,13 @@ result<unique_fd> connect_with_deadline(int domain, const sockaddr* address, soc
 
 connection::connection(unique_fd fd, bool is_unix) : fd_(std::move(fd)), is_unix_(is_unix) {
   set_nonblocking(fd_.get());
-  last_heard_ns_ = last_sent_ns_ = now_ns();
+  last_sent_ns_ = now_ns();
+}
+
+void connection::give_up_unacknowledged_after(std::chrono::milliseconds timeout) {
+  if (is_unix_ || timeout.count() <= 0) return;
+  unsigned ms = static_cast<unsigned>(timeout.count());
+  (void)::setsockopt(fd_.get(), IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof ms);
 }
 
 status connection::write_frame(wire::frame_type type, const void* body, std::size_t length,
@@ -215,7 +221,6 @@ status connection::read_available(std::vector<frame>& out) {
     }
     if (m.msg_flags & MSG_CTRUNC) return errc::protocol_error;
     input_.insert(input_.end(), buffer, buffer + n);
-    last_heard_ns_.store(now_ns(), std::memory_order_relaxed);
   }
   return parse(out);
 }

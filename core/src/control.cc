@@ -1,8 +1,9 @@
 // The control thread: one per context, asleep in poll() unless something
 // happens. It accepts importers, answers hello/import/unimport, relays revokes,
-// watches liveness (EOF on Unix sockets is exact; TCP peers must answer
-// heartbeats), and drives fabric progress while the application is not
-// polling, so that exporters need not call anything for RMA to land.
+// watches liveness (a peer is gone when its connection ends, as with kernel
+// TCP; VMMC_CORE_LIVENESS_MS adds heartbeats), and drives fabric progress
+// while the application is not polling, so that exporters need not call
+// anything for RMA to land.
 #include <poll.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -196,7 +197,10 @@ void context::impl::link_died(const link_ptr& link) {
 }
 
 void context::impl::control_loop() {
-  const auto heartbeat = liveness / 4;
+  // With VMMC_CORE_LIVENESS_MS, heartbeats keep data unacknowledged while a
+  // link is down, so the kernel's user timeout ends the connection.
+  const bool heartbeats = liveness.count() > 0;
+  const auto heartbeat = heartbeats ? liveness / 4 : std::chrono::milliseconds(1000);
   auto fabric_tick = std::chrono::milliseconds(1);
 
   auto& [fds, link_list, peer_list] = control_round_state;
@@ -280,34 +284,30 @@ void context::impl::control_loop() {
                                                                   slowest_fabric_tick);
     }
 
-    // Liveness: Unix peers are gone exactly when their socket closes; TCP
-    // peers must be heard from within `liveness`.
+    // Liveness: a peer is gone when its connection ends (end of file, a
+    // reset, the kernel's timeout), never because it was silent: a peer
+    // stopped for a while, or a link down for a while, breaks nothing that
+    // kernel TCP would not break (issue 15, item 2).
     const std::int64_t now = now_ns();
     const auto heartbeat_ns = std::chrono::nanoseconds(heartbeat).count();
-    const auto liveness_ns = std::chrono::nanoseconds(liveness).count();
     const auto hello_ns = std::chrono::nanoseconds(hello_timeout).count();
+    auto heartbeat_due = [&](const connection& c) {
+      return heartbeats && !c.is_unix() && now - c.last_sent_ns() > heartbeat_ns;
+    };
     for (auto& l : link_list) {
       if (l->alive && !l->hello_done && now - l->accepted_ns > hello_ns) {
         VMMC_WARN("closed a control connection that said no hello");
         l->alive = false;
       }
-      if (l->alive && !l->conn->is_unix()) {
-        if (now - l->conn->last_heard_ns() > liveness_ns) l->alive = false;
-        else if (now - l->conn->last_sent_ns() > heartbeat_ns &&
-                 !l->conn->write_frame(wire::frame_type::heartbeat, nullptr, 0))
-          l->alive = false;
-      }
+      if (l->alive && heartbeat_due(*l->conn) &&
+          !l->conn->write_frame(wire::frame_type::heartbeat, nullptr, 0))
+        l->alive = false;
       if (!l->alive) link_died(l);
     }
-    for (auto& p : peer_list) {
-      if (!p->alive) continue;
-      if (!p->conn->is_unix()) {
-        if (now - p->conn->last_heard_ns() > liveness_ns ||
-            (now - p->conn->last_sent_ns() > heartbeat_ns &&
-             !p->conn->write_frame(wire::frame_type::heartbeat, nullptr, 0)))
-          peer_died(p);
-      }
-    }
+    for (auto& p : peer_list)
+      if (p->alive && heartbeat_due(*p->conn) &&
+          !p->conn->write_frame(wire::frame_type::heartbeat, nullptr, 0))
+        peer_died(p);
     if (acks_owed.load()) send_owed_acks();
   }
 }
@@ -347,6 +347,7 @@ void context::impl::accept_links(int listener, bool is_unix) {
     }
     auto link = std::make_shared<importer_link>();
     link->conn = std::make_unique<connection>(unique_fd(c), is_unix);
+    if (!is_unix) link->conn->give_up_unacknowledged_after(liveness);
     link->conn->on_backlog = [this] { wake_control_thread(); };
     link->accepted_ns = now_ns();
     std::lock_guard lock(links_mutex);

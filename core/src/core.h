@@ -172,7 +172,10 @@ class connection {
   // read needed): the exact sign that a process on the other end is gone.
   bool closed_by_peer(std::chrono::milliseconds grace = std::chrono::milliseconds(0)) const;
 
-  std::int64_t last_heard_ns() const { return last_heard_ns_.load(std::memory_order_relaxed); }
+  // TCP: the kernel ends the connection when bytes we sent stay
+  // unacknowledged for `timeout` (TCP_USER_TIMEOUT); 0 leaves its default.
+  void give_up_unacknowledged_after(std::chrono::milliseconds timeout);
+
   std::int64_t last_sent_ns() const { return last_sent_ns_.load(std::memory_order_relaxed); }
 
  private:
@@ -196,7 +199,6 @@ class connection {
   std::atomic<bool> backlogged_{false};
   std::vector<std::uint8_t> input_;
   std::deque<unique_fd> input_fds_;
-  std::atomic<std::int64_t> last_heard_ns_{0};
   std::atomic<std::int64_t> last_sent_ns_{0};
 };
 
@@ -715,7 +717,7 @@ class context::impl {
   std::string blob;  // encode_address(self), under address_mutex
   bool mapped_enabled = true;
   bool use_user_key = true;  // context_options::user_key
-  std::chrono::milliseconds liveness{600};
+  std::chrono::milliseconds liveness{0};  // VMMC_CORE_LIVENESS_MS
   std::chrono::microseconds spin{50};
 
   // The fabric side: providers' endpoints and the TCP control listener remote

@@ -20,8 +20,10 @@ const setting inline_max  {"core", "inline_max",  setting_type::bytes,   "4k",
   "sends up to this size are copied (inline) instead of sent zero-copy from registered memory"};
 const setting tcp_address {"core", "tcp_address", setting_type::string,  "127.0.0.1",
   "local IP address for the tcp provider and the control listener (reachable by remote peers)"};
-const setting liveness_ms {"core", "liveness_ms", setting_type::integer, "600",
-  "a peer silent for this long on its control connection is declared gone"};
+const setting liveness_ms {"core", "liveness_ms", setting_type::integer, "0",
+  "0: like kernel TCP, a peer on another host is gone only when its control connection ends "
+  "(reset, end, the kernel's retransmission timeout); N > 0: also when heartbeats stay "
+  "unacknowledged for N ms (TCP_USER_TIMEOUT). A stopped but reachable peer is never gone"};
 const setting spin_us     {"core", "spin_us",     setting_type::integer, "200",
   "how long waits busy-poll before sleeping on a descriptor"};
 const setting log_level   {"core", "log_level",   setting_type::integer, "0",

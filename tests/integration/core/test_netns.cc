@@ -1,6 +1,7 @@
 // integration.core.netns: two simulated hosts (network namespaces joined by
 // a veth pair, made and removed by the test) talk over libfabric tcp; a link
-// that goes down is reported as peer_gone within a second (heartbeats).
+// down for a while breaks nothing (as with kernel TCP), and one down for good
+// is reported as peer_gone when VMMC_CORE_LIVENESS_MS asks for it.
 // Needs CAP_SYS_ADMIN and iproute2; skipped with the reason otherwise.
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -9,6 +10,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <optional>
+#include <thread>
 #include <utility>
 
 #include "integration/core/child_process.h"
@@ -127,27 +129,67 @@ TEST_F(CrossHost, TcpBetweenNamespaces) {
   EXPECT_EQ(a.wait(), 0);
 }
 
-TEST_F(CrossHost, BrokenLinkIsReportedWithinOneSecond) {
+// Keeps sending to A's region every millisecond for `for_how_long`; prints
+// "ok <sends>" or the first error and when it came.
+int keep_sending(core::context& c, core::import_handle h, std::chrono::milliseconds for_how_long,
+                 int out) {
+  std::uint64_t v = 5;
+  if (!c.send(h, 0, &v, sizeof v, {true, 5}).ok()) return 23;
+  child_process::send_line(out, "sent");
+  auto start = std::chrono::steady_clock::now();
+  status s;
+  long sends = 0;
+  while ((s = c.send(h, 0, &v, sizeof v)).ok() &&
+         std::chrono::steady_clock::now() - start < for_how_long) {
+    ++sends;
+    std::this_thread::sleep_for(1ms);
+  }
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                                  start)
+                .count();
+  child_process::send_line(
+      out, s ? "ok " + std::to_string(sends) : s.error().message() + "|" + std::to_string(ms));
+  return 0;
+}
+
+// Like a kernel TCP connection, the path to a peer outlives a link that is
+// down for a while: nothing fails, and what was sent meanwhile arrives. It
+// did not: silence for 600 ms (a heartbeat limit) declared the peer gone,
+// and a preloaded iperf3 lost the bytes in flight (issue 15, item 2).
+TEST_F(CrossHost, ALinkDownForAWhileBreaksNothing) {
   child_process a([&](int out) { return exporter_on_a(ns_a_, ip_a_, out); });
   const std::string address = a.read_line();
   child_process b([&](int out) {
     auto [c, h] = importer_on(ns_b_, ip_b_, address);
     if (!c) return 20;
-    std::uint64_t v = 5;
-    if (!c->send(h, 0, &v, sizeof v, {true, 5}).ok()) return 23;
-    child_process::send_line(out, "sent");
-    // Keep sending until the broken link is reported; print how long after
-    // the parent's "down" line it took.
-    auto start = std::chrono::steady_clock::now();
-    status s;
-    while ((s = c->send(h, 0, &v, sizeof v)).ok() &&
-           std::chrono::steady_clock::now() - start < 10s)
-      std::this_thread::sleep_for(1ms);
-    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                  std::chrono::steady_clock::now() - start)
-                  .count();
-    child_process::send_line(out, s.error().message() + "|" + std::to_string(ms));
-    return 0;
+    if (int e = keep_sending(*c, h, 5s, out)) return e;
+    std::uint64_t zero = 0;
+    return c->send(h, 0, &zero, 0, {true, 0}).ok() ? 0 : 26;
+  });
+  ASSERT_EQ(b.read_line(), "sent");
+  EXPECT_EQ(a.read_line(), "5 5");
+  std::this_thread::sleep_for(500ms);
+  ASSERT_EQ(run("ip -n " + ns_a_ + " link set " + veth_a_ + " down"), 0);
+  std::this_thread::sleep_for(3s);
+  ASSERT_EQ(run("ip -n " + ns_a_ + " link set " + veth_a_ + " up"), 0);
+  std::string report = b.read_line();
+  EXPECT_EQ(report.substr(0, 3), "ok ") << report;
+  EXPECT_EQ(b.wait(), 0);
+  EXPECT_EQ(a.read_line(), "0 0");  // the last notification, after the outage
+  EXPECT_EQ(a.wait(), 0);
+}
+
+// VMMC_CORE_LIVENESS_MS asks for sooner: heartbeats that stay
+// unacknowledged that long end the connection (TCP_USER_TIMEOUT), and the
+// peer is reported gone.
+TEST_F(CrossHost, ALivenessLimitReportsALinkDownForGood) {
+  child_process a([&](int out) { return exporter_on_a(ns_a_, ip_a_, out); });
+  const std::string address = a.read_line();
+  child_process b([&](int out) {
+    ::setenv("VMMC_CORE_LIVENESS_MS", "800", 1);
+    auto [c, h] = importer_on(ns_b_, ip_b_, address);
+    if (!c) return 20;
+    return keep_sending(*c, h, 20s, out);
   });
   ASSERT_EQ(b.read_line(), "sent");
   EXPECT_EQ(a.read_line(), "5 5");
@@ -156,39 +198,43 @@ TEST_F(CrossHost, BrokenLinkIsReportedWithinOneSecond) {
   std::string report = b.read_line();
   auto elapsed = std::chrono::steady_clock::now() - down;
   EXPECT_EQ(report.substr(0, report.find('|')), "peer is gone") << report;
-  EXPECT_LT(elapsed, 1s) << std::chrono::duration_cast<std::chrono::milliseconds>(elapsed).count()
+  // The kernel checks its user timeout when a retransmission is due.
+  EXPECT_LT(elapsed, 5s) << std::chrono::duration_cast<std::chrono::milliseconds>(elapsed).count()
                          << " ms";
   EXPECT_EQ(b.wait(), 0);
+  a.kill_now();
+  a.wait();
 }
 
-// A fetch its caller gave up on (the exporter went silent past the liveness
-// limit: peer_gone) never lands in the caller's memory afterwards, when the
-// exporter wakes and answers it. It did: a bounced fetch into a local
-// variable was copied there after the function had returned (TSan, a
-// preloaded python3 across namespaces: "Location is stack of thread T1").
+// A fetch its caller gave up on (the exporter was reported gone) never
+// lands in the caller's memory afterwards, when the link comes back and the
+// exporter's answer arrives. It did: a bounced fetch into a local variable
+// was copied there after the function had returned (TSan, a preloaded
+// python3 across namespaces: "Location is stack of thread T1").
 TEST_F(CrossHost, AFetchGivenUpNeverLandsLater) {
   child_process a([&](int out) { return exporter_on_a(ns_a_, ip_a_, out); });
   const std::string address = a.read_line();
   child_process b([&](int out) {
+    ::setenv("VMMC_CORE_LIVENESS_MS", "500", 1);
     auto [c, h] = importer_on(ns_b_, ip_b_, address);
     if (!c) return 20;
     std::vector<unsigned char> back(64);
     if (!c->fetch(h, 0, back.data(), back.size()).ok()) return 21;  // the path works
     child_process::send_line(out, "ready");
-    std::this_thread::sleep_for(200ms);  // the parent stops the exporter meanwhile
+    std::this_thread::sleep_for(200ms);  // the parent takes the link down meanwhile
     status s = c->fetch(h, 0, back.data(), back.size());
     if (!s.is(errc::peer_gone)) return 22;
     std::fill(back.begin(), back.end(), 0xAA);
     child_process::send_line(out, "gave up");
-    std::this_thread::sleep_for(1500ms);  // the exporter runs again and answers
+    std::this_thread::sleep_for(2000ms);  // the link is back; the exporter answers
     for (unsigned char v : back)
       if (v != 0xAA) return 23;
     return 0;
   });
   ASSERT_EQ(b.read_line(), "ready");
-  ::kill(a.pid(), SIGSTOP);
+  ASSERT_EQ(run("ip -n " + ns_a_ + " link set " + veth_a_ + " down"), 0);
   ASSERT_EQ(b.read_line(), "gave up");
-  ::kill(a.pid(), SIGCONT);
+  ASSERT_EQ(run("ip -n " + ns_a_ + " link set " + veth_a_ + " up"), 0);
   EXPECT_EQ(b.wait(), 0) << "22: the fetch did not fail; 23: it landed after it failed";
   a.kill_now();
   a.wait();
