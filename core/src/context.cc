@@ -225,6 +225,13 @@ result<import_handle> context::import_buffer(std::string_view peer_address, std:
 }
 status context::unimport_buffer(import_handle h) { return impl_->unimport_buffer(h); }
 
+status context::give_up_when(import_handle h, std::function<bool()> broken) {
+  auto imp = impl_->find_import(h);
+  if (!imp) return errc::unknown_handle;
+  imp->broken = std::move(broken);
+  return {};
+}
+
 result<import_info> context::describe(import_handle h) const {
   auto imp = impl_->find_import(h);
   if (!imp) return errc::unknown_handle;

@@ -578,6 +578,15 @@ struct import_entry {
   std::shared_mutex state_mutex;
   std::atomic<bool> revoked{false};  // set under state_mutex; senders read it without
   std::atomic<bool> released{false};  // unimported
+  // context::give_up_when: set before the import is used, then only read.
+  std::function<bool()> broken;
+  std::atomic<bool> given_up{false};
+  bool reachable() {
+    if (given_up.load(std::memory_order_relaxed)) return false;
+    if (!broken || !broken()) return true;
+    given_up.store(true, std::memory_order_relaxed);
+    return false;
+  }
   bool ack_owed = false;  // revoke ack to send once in_flight drains
   std::atomic<int> in_flight{0};
 };

@@ -43,6 +43,7 @@ inline errc check_range(const import_entry& imp, std::uint64_t offset, const voi
   if (!has_right(imp.allowed, is_send ? rights::write : rights::read))
     return errc::permission_denied;
   if (!imp.peer->alive.load(std::memory_order_acquire)) return errc::peer_gone;
+  if (imp.given_up.load(std::memory_order_relaxed)) return errc::peer_gone;
   return errc::ok;
 }
 
@@ -302,6 +303,7 @@ status context::impl::wait_op(op& o, clock::time_point deadline) {
       peer_died(o.import->peer);
       return give_up();
     }
+    if (now > spin_until && o.import && !o.import->reachable()) return give_up();
     if (now > spin_until && ep)
       ep->sleep_for_completions(std::min<std::chrono::microseconds>(
           std::chrono::milliseconds(1),
@@ -334,7 +336,7 @@ result<completion> context::impl::test(request r) {
   std::error_code error;
   if (o->done) {
     error = o->import ? classify_failure(*o->import, o->error) : o->error;
-  } else if (o->import && !o->import->peer->alive) {
+  } else if (o->import && (!o->import->peer->alive || !o->import->reachable())) {
     error = errc::peer_gone;
   } else {
     return errc::would_block;

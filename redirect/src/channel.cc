@@ -159,6 +159,8 @@ class channel::impl {
     if (status s = ctx.fetch(peer, offset, &v, sizeof v); !s) return s.error();
     return v;
   }
+  // The user's connection beside the channel broke (channel_options).
+  bool broken() const { return options.connection_broken && options.connection_broken(); }
   // Our earlier writes are in the peer's memory once this returns: on the
   // fabric path a fetch is ordered behind them (read-after-write ordering).
   // Bounded: over libfabric shm a fetch between two live processes that are
@@ -322,6 +324,7 @@ status channel::impl::attach(const parsed_descriptor& peer_area) {
     return h.error();
   }
   peer = *h;
+  if (options.connection_broken) (void)ctx.give_up_when(peer, options.connection_broken);
   if (status s = bind_peer(peer_area); !s) {
     (void)ctx.unimport_buffer(peer);
     return s;
@@ -689,7 +692,7 @@ status channel::impl::wait_a_little(clock::time_point deadline, clock::time_poin
     if (spin_until - now < spin - std::chrono::microseconds(5)) std::this_thread::yield();
     return {};
   }
-  if (gone()) return errc::peer_gone;
+  if (gone() || broken()) return errc::peer_gone;
   if (!attached) {
     // Cannot arm a doorbell before we reach the peer's area: nap instead.
     std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -780,7 +783,7 @@ result<std::optional<receive_result>> channel::impl::step_post(std::byte* data, 
     // ones are complete once `produced` covers them.
     while (load(area->produced) < start + placed) {
       progress();
-      if (gone()) return errc::peer_gone;
+      if (gone() || broken()) return errc::peer_gone;
     }
     post_open = false;
     receive_result out;

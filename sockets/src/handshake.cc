@@ -95,6 +95,9 @@ redirect::channel_options channel_options_for(stream& s) {
   o.await_doorbell = [self](const std::function<bool()>& arm, int timeout_ms) {
     sleep_on_doorbell(*self, arm, timeout_ms);
   };
+  // The kernel's verdict on the peer's host (keepalive, TCP_USER_TIMEOUT as
+  // the application set them) is the stream's, as with kernel TCP.
+  o.connection_broken = [self] { return tcp_failed(*self); };
   sockaddr_storage peer{};
   socklen_t length = sizeof peer;
   if (::getpeername(s.fd.load(), reinterpret_cast<sockaddr*>(&peer), &length) == 0)

@@ -1,5 +1,7 @@
 // Reading and writing a managed stream: kernel TCP before the switch, the
 // redirect channel after it, and readiness for the poll/epoll wrappers.
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -14,8 +16,32 @@
 
 namespace vmmc::sockets::detail {
 
-namespace {
 using clock = std::chrono::steady_clock;
+
+// A busy upgraded stream never sleeps on its TCP descriptor, where
+// drain_doorbells() would meet a reset (a middlebox's, the peer kernel's) or
+// a keepalive / user timeout: look at the descriptor every few milliseconds
+// of calls instead. One poll(): nothing is read, nothing consumed.
+bool tcp_failed(stream& s) {
+  if (s.tcp_error.load(std::memory_order_relaxed) != 0) return true;
+  const std::int64_t now = clock::now().time_since_epoch().count();
+  if (now < s.next_tcp_look.load(std::memory_order_relaxed)) return false;
+  s.next_tcp_look.store(now + std::chrono::nanoseconds(std::chrono::milliseconds(2)).count(),
+                        std::memory_order_relaxed);
+  // POLLHUP: both directions closed. While the channel carries the stream
+  // our own side never shuts its TCP, so the connection is gone (a reset
+  // whose error a doorbell's send() already took, see ring_doorbell).
+  pollfd pfd{s.fd, 0, 0};
+  if (::poll(&pfd, 1, 0) != 1 || !(pfd.revents & (POLLERR | POLLHUP))) return false;
+  int error = 0;
+  socklen_t size = sizeof error;
+  if (::getsockopt(s.fd, SOL_SOCKET, SO_ERROR, &error, &size) != 0 || error == 0)
+    error = ECONNRESET;
+  note_tcp_error(s, error);
+  return true;
+}
+
+namespace {
 constexpr ssize_t switched = -2;  // receive_raw: the rest comes from the channel
 
 ssize_t fail(int error) {
@@ -62,29 +88,6 @@ ssize_t receive_raw(stream& s, char* buffer, size_t length, int flags, bool no_w
   return at_switch ? switch_in(s) : n;
 }
 
-// A busy upgraded stream never sleeps on its TCP descriptor, where
-// drain_doorbells() would meet a reset (a middlebox's, the peer kernel's) or
-// a keepalive / user timeout: look at the descriptor every few milliseconds
-// of calls instead. One poll(): nothing is read, nothing consumed.
-bool tcp_failed(stream& s) {
-  if (s.tcp_error.load(std::memory_order_relaxed) != 0) return true;
-  const std::int64_t now = clock::now().time_since_epoch().count();
-  if (now < s.next_tcp_look.load(std::memory_order_relaxed)) return false;
-  s.next_tcp_look.store(now + std::chrono::nanoseconds(std::chrono::milliseconds(2)).count(),
-                        std::memory_order_relaxed);
-  // POLLHUP: both directions closed. While the channel carries the stream
-  // our own side never shuts its TCP, so the connection is gone (a reset
-  // whose error a doorbell's send() already took, see ring_doorbell).
-  pollfd pfd{s.fd, 0, 0};
-  if (::poll(&pfd, 1, 0) != 1 || !(pfd.revents & (POLLERR | POLLHUP))) return false;
-  int error = 0;
-  socklen_t size = sizeof error;
-  if (::getsockopt(s.fd, SOL_SOCKET, SO_ERROR, &error, &size) != 0 || error == 0)
-    error = ECONNRESET;
-  note_tcp_error(s, error);
-  return true;
-}
-
 // The TCP side's error, reported once (the kernel's socket error is);
 // afterwards writes get EPIPE and reads the end of the stream.
 int take_tcp_error(stream& s) {
@@ -96,7 +99,15 @@ ssize_t read_after_tcp_failed(stream& s) {
   return error ? fail(error) : 0;
 }
 
+bool reset_by_departed_peer(stream& s);
+
 ssize_t write_after_tcp_failed(stream& s, int flags) {
+  // The dead peer's kernel reset the connection over doorbells it never
+  // read; to kernel TCP this is a write to a peer that closed: EPIPE.
+  if (s.tcp_error.load() == ECONNRESET && reset_by_departed_peer(s)) {
+    s.tcp_error_told.store(true);
+    return broken_pipe(flags);
+  }
   int error = take_tcp_error(s);
   return error ? fail(error) : broken_pipe(flags);
 }
@@ -129,13 +140,39 @@ bool wait_readable(stream& s, clock::time_point deadline) {
   return true;
 }
 
+// A fabric path's bytes travel on connections of their own: those a killed
+// peer's kernel still flushes may trail the news of its death (its control
+// connection's end, the reset of ours). While they keep coming the stream
+// has not ended: wait until the ring stays quiet for a retransmission
+// timeout (and two round trips) of the connection, so that a lost segment
+// being sent again still counts. True if bytes came (read them first).
+bool bytes_still_coming(stream& s) {
+  tcp_info info{};
+  socklen_t size = sizeof info;
+  auto quiet = std::chrono::milliseconds(300);
+  if (::getsockopt(s.fd, IPPROTO_TCP, TCP_INFO, &info, &size) == 0 && info.tcpi_rto > 0)
+    quiet = std::chrono::milliseconds((info.tcpi_rto + 2 * info.tcpi_rtt) / 1000 + 1);
+  quiet = std::clamp(quiet, std::chrono::milliseconds(50), std::chrono::milliseconds(3000));
+  const auto deadline = clock::now() + quiet;
+  while (s.chan->readable() == 0 && !s.chan->at_end()) {
+    if (clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+constexpr ssize_t read_on = -3;  // end_after_peer_gone: bytes came, read them
+
 // The channel's peer is gone. If it went back to TCP first (a process that
 // forked, then closed its copy while the child serves), its end record waits
 // on TCP ahead of the rest of its stream: go on there. Otherwise, like the
-// kernel: if its TCP side closed in order (a process that exits or is killed
-// gets a FIN), every byte it sent has been read and this is the end of the
-// stream; a reset is ECONNRESET. (On the fabric path bytes a killed peer had
-// not yet pushed out are lost; the mapped path has them all.)
+// kernel when a TCP peer dies: every byte it sent is read, then this is the
+// end of the stream. Its kernel closed our TCP connection with a FIN, or with
+// a reset when the doorbells we rang were still unread there (a process that
+// exits or is killed closes them unread); either way no byte of its stream
+// is missing once those in flight have landed (bytes_still_coming). Only a
+// connection the kernel gave up on (ETIMEDOUT: the peer's host is
+// unreachable) or none at all is an error.
 ssize_t end_after_peer_gone(stream& s) {
   auto deadline = clock::now() + std::chrono::milliseconds(200);
   while (true) {
@@ -144,25 +181,36 @@ ssize_t end_after_peer_gone(stream& s) {
     // Its end record is in, and channel bytes before it arrived meanwhile.
     if (s.peer_channel_end.load() != stream::no_end && s.chan->readable() > 0) return switched;
     if (s.tcp_eof.load() || clock::now() >= deadline) break;
+    tcp_failed(s);
     pollfd pfd{s.fd, POLLIN, 0};
     ::poll(&pfd, 1, 20);
   }
+  const int error = s.tcp_error.load();
+  const bool departed =
+      s.tcp_eof.load() &&
+      (error == 0 || ((error == ECONNRESET || error == EPIPE) && reset_by_departed_peer(s)));
+  // Same host, the control socket's end is exact and every byte the peer
+  // wrote is in our memory; its TCP socket may live on in a process that
+  // inherited it: the end of the stream, as before.
+  if (!departed && s.chan_mapped() && error == 0) return 0;
+  if (!departed) {
+    if (!s.tcp_eof.load()) note_tcp_error(s, ETIMEDOUT);
+    return read_after_tcp_failed(s);
+  }
   // A same-host peer copied every byte it sent into our memory before its
-  // send returned: nothing can have been lost with it.
-  if ((s.tcp_eof.load() && s.tcp_error.load() == 0) || s.chan->path() == "mapped") return 0;
-  return read_after_tcp_failed(s);
+  // send returned: nothing can be in flight.
+  if (!s.chan_mapped() && bytes_still_coming(s)) return read_on;
+  s.tcp_error_told.store(true);  // the reset was the dead peer's, not news
+  return 0;
 }
 
-// A reset of a same-host stream whose peer process is gone: its kernel
-// socket was reset only because it held doorbells it never read (a process
-// that exits or is killed closes it unread), while every byte it sent was
-// copied into our memory before its send returned. Like a kernel TCP peer
-// that dies, that is the end of the stream once its bytes are read. The
-// control connection's end, which tells the death for sure, may trail the
-// reset by a moment: give it that moment (once; a live peer's reset is
-// reported as such).
+// A reset of a stream whose peer process is gone: its kernel socket was
+// reset only because it held doorbells it never read (see
+// end_after_peer_gone). The control connection's end, which tells the death
+// for sure, may trail the reset by a moment: give it that moment (once; a
+// live peer's reset is reported as such).
 bool reset_by_departed_peer(stream& s) {
-  if (!s.chan_mapped() || s.tcp_error_told.load()) return false;
+  if (!s.chan || s.tcp_error_told.load()) return false;
   const auto deadline = clock::now() + std::chrono::milliseconds(200);
   while (!s.chan->peer_gone()) {
     if (clock::now() >= deadline) return false;
@@ -201,7 +249,10 @@ ssize_t receive_channel(stream& s, char* buffer, size_t length, int flags, bool 
       if (n > 0) return counted(s, static_cast<ssize_t>(n), peek);
       if (input_on_tcp(s)) return switched;
       if (ch.at_end()) return 0;
-      if (ch.peer_gone()) return end_after_peer_gone(s);
+      if (ch.peer_gone()) {
+        if (ssize_t end = end_after_peer_gone(s); end != read_on) return end;
+        continue;
+      }
       if (tcp_failed(s) && !reset_by_departed_peer(s)) return read_after_tcp_failed(s);
       if (no_wait) {
         if (ch.prepare_sleep(redirect::sleep_reason::data)) return fail(EAGAIN);
@@ -223,12 +274,16 @@ ssize_t receive_channel(stream& s, char* buffer, size_t length, int flags, bool 
     bool wait_all = (flags & MSG_WAITALL) && s.peer_channel_end.load() == stream::no_end;
     auto got = ch.receive(buffer, channel_limit(s, length), wait_all, slice);
     if (got) return counted(s, static_cast<ssize_t>(got->total()), false);
-    if (got.is(errc::peer_gone)) return input_on_tcp(s) ? switched : end_after_peer_gone(s);
+    if (got.is(errc::peer_gone)) {
+      if (input_on_tcp(s)) return switched;
+      if (ssize_t end = end_after_peer_gone(s); end != read_on) return end;
+      continue;
+    }
     if (!got.is(errc::timed_out)) return fail(errno_for(got.error()));
     drain_doorbells(s);
     answer_revert(s);
     if (input_on_tcp(s)) return switched;
-    if (tcp_failed(s)) return read_after_tcp_failed(s);
+    if (tcp_failed(s) && !reset_by_departed_peer(s)) return read_after_tcp_failed(s);
   }
 }
 }  // namespace
@@ -404,6 +459,8 @@ ssize_t transmit(stream& s, const void* buffer, size_t length, int flags, bool r
     } else if (!n.is(errc::timed_out)) {
       return done > 0 ? static_cast<ssize_t>(done) : write_failed(n.error());
     }
+    if (tcp_failed(s))
+      return done > 0 ? static_cast<ssize_t>(done) : write_after_tcp_failed(s, flags);
     answer_revert_locked(s);
     if (s.out_reverted.load()) {
       ssize_t rest = kernel_write(s.fd, bytes + done, length - done, flags, rw);

@@ -291,6 +291,10 @@ void stat_context_ready();
 void forget_epoll_set(int fd);
 
 // --- io.cc
+// The kernel ended the TCP connection under the stream (a reset, a
+// keepalive or user timeout): notes its error. Looks at the descriptor at
+// most every few milliseconds; any thread.
+bool tcp_failed(stream& s);
 // The kernel ended the TCP connection under an upgraded stream with
 // `error`: the stream ends too (a writer blocked on the channel returns).
 void note_tcp_error(stream& s, int error);

@@ -280,6 +280,16 @@ class context {
   result<import_handle> import_buffer(std::string_view peer_address, std::string_view name,
                                       std::chrono::milliseconds timeout = std::chrono::seconds(5));
   status unimport_buffer(import_handle handle);
+  // A peer on another host that goes silent (stopped, or its link down) is
+  // waited for as long as it takes, as kernel TCP waits; only the end of its
+  // connection says it is gone. A caller that learns sooner that the peer is
+  // out of reach for good (its own kernel connection to it timed out) says
+  // so here: while an operation on this import waits for the peer, `broken`
+  // is asked now and then (any thread; cheap), and once it returns true that
+  // operation and every later one on the import fail with peer_gone. Bytes
+  // a given-up send was reading may still leave afterwards.
+  // Errors: unknown_handle.
+  status give_up_when(import_handle handle, std::function<bool()> broken);
   // Length and rights of an import. Errors: unknown_handle (also once the
   // exporter withdrew the export), peer_gone (the exporter is known to be
   // dead). Cheap: upper layers use it as a liveness check.

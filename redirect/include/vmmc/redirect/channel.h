@@ -75,6 +75,12 @@ struct channel_options {
   // must then point back at it (core::context::check_address_from): a peer
   // cannot steer this end to connect to a place of its choosing.
   std::optional<sockaddr_storage> reached_over;
+  // True once the kernel connection the user keeps beside the channel has
+  // failed for good (a keepalive or user timeout: the peer's host is out of
+  // reach). The fabric itself waits for a silent peer as long as it takes;
+  // this ends those waits: blocking calls then fail with peer_gone, and
+  // reads of the peer's area in flight are given up. Empty: never.
+  std::function<bool()> connection_broken;
 };
 
 // Where the bytes of one receive() came from.
