@@ -13,6 +13,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -130,6 +131,9 @@ int main(int argc, char** argv) {
   ::sigaction(SIGHUP, &sa, nullptr);
 
   const std::string job = std::to_string(::getpid());
+  struct stat ns {};
+  const std::string netns =
+      ::stat("/proc/self/ns/net", &ns) == 0 ? std::to_string(ns.st_ino) : std::string();
   cpu_set_t allowed;
   CPU_ZERO(&allowed);
   std::vector<int> cpus;
@@ -163,6 +167,7 @@ int main(int argc, char** argv) {
       ::setenv("VMMC_NX_RANK", std::to_string(i).c_str(), 1);
       ::setenv("VMMC_NX_SIZE", std::to_string(count).c_str(), 1);
       ::setenv("VMMC_NX_JOB", job.c_str(), 1);
+      ::setenv("VMMC_NX_NETNS", netns.c_str(), 1);  // a node elsewhere is on another host
       ::execvp(argv[first], argv + first);
       std::fprintf(stderr, "nxrun: cannot run %s: %s\n", argv[first], std::strerror(errno));
       std::_Exit(127);

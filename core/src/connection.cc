@@ -76,13 +76,18 @@ result<unique_fd> connect_with_deadline(int domain, const sockaddr* address, soc
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
       continue;
     }
-    if (errno != EINPROGRESS) return errc::peer_gone;
+    // Refused: nobody listens there any more, the process is gone. Any other
+    // failure (no route, host down): the address does not reach it.
+    auto failed = [&](int error) {
+      return domain == AF_UNIX || error == ECONNREFUSED ? errc::peer_gone : errc::unreachable;
+    };
+    if (errno != EINPROGRESS) return failed(errno);
     pollfd p{fd.get(), POLLOUT, 0};
     if (::poll(&p, 1, remaining_ms(deadline)) <= 0) return errc::timed_out;
     int err = 0;
     socklen_t len = sizeof err;
     ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
-    if (err != 0) return errc::peer_gone;
+    if (err != 0) return failed(err);
     break;
   }
   if (domain == AF_INET) {

@@ -1,5 +1,7 @@
 // context: the public handle and the lifecycle of its implementation (start:
 // providers, listeners, wake page, control thread; stop: in reverse).
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/eventfd.h>
 #include <sys/random.h>
 #include <unistd.h>
@@ -45,6 +47,7 @@ status context::impl::start(const context_options& options) {
       std::clamp<std::int64_t>(setting_integer(settings::inline_max), 64, 64 * 1024));
   fabric_settings.utlb_limit = static_cast<std::size_t>(setting_integer(settings::utlb_limit));
   fabric_settings.tcp_address = setting_string(settings::tcp_address);
+  fabric_settings.local_address = options.local_address;
 
   self.host = host_identity::local().text();
   self.pid = static_cast<std::uint32_t>(::getpid());
@@ -124,12 +127,29 @@ context::impl::~impl() {
   fabric_owned.reset();
 }
 
-status context::impl::open_fabric() {
+namespace {
+// Where remote peers reach this context (open_remote_paths explains).
+std::string address_for_peers(const std::string& configured, std::string_view local_address) {
+  if (!configured.empty()) return configured;
+  in_addr parsed{};
+  const std::string hint(local_address);
+  if (!hint.empty() && ::inet_pton(AF_INET, hint.c_str(), &parsed) == 1 &&
+      parsed.s_addr != htonl(INADDR_ANY))
+    return hint;
+  // Nobody said where: out of the network's reach.
+  return "127.0.0.1";
+}
+}  // namespace
+
+status context::impl::open_fabric(std::string_view local_address) {
   std::lock_guard lock(fabric_mutex);
   if (fabric_tried) return fabric.load() ? status{} : status{errc::unreachable};
   fabric_tried = true;
   auto paths = std::make_unique<fabric_paths>();
-  const fabric_plan& plan = fabric_settings;
+  fabric_plan plan = fabric_settings;
+  plan.tcp_address = address_for_peers(plan.tcp_address,
+                                       local_address.empty() ? plan.local_address : local_address);
+  VMMC_DEBUG("remote peers reach this context at %s", plan.tcp_address.c_str());
   std::vector<std::pair<std::string, std::vector<std::uint8_t>>> names;
   bool remote_capable = false;
   for (const std::string& p : plan.providers) {
@@ -187,7 +207,9 @@ std::string context::address() const {
   return encode_address_with_secret(impl_->self);
 }
 
-status context::open_remote_paths() { return impl_->open_fabric(); }
+status context::open_remote_paths(std::string_view local_address) {
+  return impl_->open_fabric(local_address);
+}
 
 status context::check_address_from(std::string_view peer_address, const void* other_end,
                                    std::size_t length) const {

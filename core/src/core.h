@@ -738,14 +738,15 @@ class context::impl {
   };
   struct fabric_plan {
     std::vector<std::string> providers;
-    std::string tcp_address;
+    std::string tcp_address;    // VMMC_CORE_TCP_ADDRESS
+    std::string local_address;  // context_options::local_address
     std::size_t inline_max = 0, utlb_limit = 0;
   } fabric_settings;
   std::mutex fabric_mutex;  // serialises open_fabric
   bool fabric_tried = false;
   std::unique_ptr<fabric_paths> fabric_owned;
   std::atomic<const fabric_paths*> fabric{nullptr};  // published once open
-  status open_fabric();                               // context.cc
+  status open_fabric(std::string_view local_address = {});  // context.cc
   std::string address_blob() const;
   const std::vector<std::unique_ptr<detail::fabric_endpoint>>& endpoints() const noexcept {
     static const std::vector<std::unique_ptr<detail::fabric_endpoint>> none;

@@ -1,6 +1,10 @@
 // host_identity (vmmc/core/host.h): the boot id and the network namespace.
 #include "vmmc/core/host.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
 #include <sys/stat.h>
 
 #include <fstream>
@@ -8,6 +12,34 @@
 namespace vmmc::core {
 
 namespace {
+// An IPv4 address of `interface` (any interface if empty) that is up and
+// not loopback; empty if none.
+std::string interface_address(const std::string& interface) {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return {};
+  std::string found;
+  for (ifaddrs* i = list; i && found.empty(); i = i->ifa_next) {
+    if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP) ||
+        (i->ifa_flags & IFF_LOOPBACK) || (!interface.empty() && interface != i->ifa_name))
+      continue;
+    char text[INET_ADDRSTRLEN];
+    const auto* in = reinterpret_cast<const sockaddr_in*>(i->ifa_addr);
+    if (::inet_ntop(AF_INET, &in->sin_addr, text, sizeof text)) found = text;
+  }
+  ::freeifaddrs(list);
+  return found;
+}
+
+// The interface of the IPv4 default route (/proc/net/route), if any.
+std::string default_route_interface() {
+  std::ifstream routes("/proc/net/route");
+  std::string line, name, destination;
+  std::getline(routes, line);  // header
+  while (routes >> name >> destination && std::getline(routes, line))
+    if (destination == "00000000") return name;
+  return {};
+}
+
 bool is_hex(char c) {
   return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
 }
@@ -44,6 +76,12 @@ std::optional<host_identity> host_identity::parse(std::string_view text) {
   for (char c : id.network)
     if (!is_digit(c)) return std::nullopt;
   return id;
+}
+
+std::string address_other_hosts_reach() {
+  if (std::string a = interface_address(default_route_interface()); !a.empty()) return a;
+  if (std::string a = interface_address({}); !a.empty()) return a;
+  return "127.0.0.1";
 }
 
 }  // namespace vmmc::core

@@ -18,8 +18,10 @@ const setting utlb_limit  {"core", "utlb_limit",  setting_type::bytes,   "1g",
   "most bytes the registration cache (UTLB) keeps registered; LRU entries are evicted beyond it"};
 const setting inline_max  {"core", "inline_max",  setting_type::bytes,   "4k",
   "sends up to this size are copied (inline) instead of sent zero-copy from registered memory"};
-const setting tcp_address {"core", "tcp_address", setting_type::string,  "127.0.0.1",
-  "local IP address for the tcp provider and the control listener (reachable by remote peers)"};
+const setting tcp_address {"core", "tcp_address", setting_type::string,  "",
+  "local IPv4 address remote peers reach the tcp provider and the control listener at; empty: "
+  "the one the layer above names (sockets: the connection's local address; NX: the default "
+  "route's interface, in jobs that span hosts), else 127.0.0.1"};
 const setting liveness_ms {"core", "liveness_ms", setting_type::integer, "0",
   "0: like kernel TCP, a peer on another host is gone only when its control connection ends "
   "(reset, end, the kernel's retransmission timeout); N > 0: also when heartbeats stay "

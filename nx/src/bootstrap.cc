@@ -17,6 +17,8 @@
 
 #include "parse.h"
 
+#include "vmmc/core/host.h"
+
 namespace vmmc::nx::detail {
 namespace {
 
@@ -43,6 +45,12 @@ class launcher_socket final : public bootstrap {
     mode = "nxrun";
   }
   ~launcher_socket() override { ::close(fd_); }
+  // nxrun starts every node on its own host; a node that moved to another
+  // network namespace on the way (a wrapper that enters one) is on another.
+  bool spans_hosts() const override {
+    const char* launcher = std::getenv("VMMC_NX_NETNS");
+    return launcher && core::host_identity::local().network != launcher;
+  }
   std::vector<std::string> all_gather(const std::string& mine) override {
     const std::string out = record(mine);
     if (!write_all(fd_, out.data(), out.size())) return fail();
@@ -117,6 +125,11 @@ class pmix final : public bootstrap {
     }
     size = v->type == PMIX_UINT32 ? v->data.uint32 : static_cast<long>(v->data.size);
     PMIX_VALUE_RELEASE(v);
+    v = nullptr;
+    if (PMIx_Get(&wildcard, PMIX_NUM_NODES, nullptr, 0, &v) == PMIX_SUCCESS && v) {
+      spans_ = v->type == PMIX_UINT32 && v->data.uint32 > 1;
+      PMIX_VALUE_RELEASE(v);
+    }
     return true;
   }
   std::vector<std::string> all_gather(const std::string& mine) override {
@@ -144,6 +157,9 @@ class pmix final : public bootstrap {
     }
     return out;
   }
+  bool spans_hosts() const override {
+    return spans_;
+  }
   void finish() override {
     pmix_finishing = true;
     PMIx_Finalize(nullptr, 0);
@@ -156,6 +172,7 @@ class pmix final : public bootstrap {
     return {};
   }
   pmix_proc_t me_{};
+  bool spans_ = false;  // the launcher placed nodes on more than one node (PMIX_NUM_NODES)
 };
 
 sockaddr_un bell_address(const std::string& job, long rank, socklen_t& length) {

@@ -24,6 +24,9 @@ class bootstrap {
   // Every node passes its blob; returns all of them, indexed by rank.
   // Empty vector on failure (the reason went to stderr).
   virtual std::vector<std::string> all_gather(const std::string& mine) = 0;
+  // Whether some node may be on another host (as core defines it), known
+  // before the all-gather: where this node's fabric listens depends on it.
+  virtual bool spans_hosts() const { return false; }
   // Called once at exit.
   virtual void finish() {}
 };

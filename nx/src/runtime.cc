@@ -155,6 +155,10 @@ bool runtime::start() {
   core::context_options options;
   options.user_key = false;  // mailboxes export to anyone under unguessable names
   if (boot_->mode == "nxrun" && !std::getenv("VMMC_CORE_PROVIDERS")) options.providers = {"shm"};
+  // A job that spans hosts is reached where other hosts reach this one,
+  // with no setting (issue 15, items 1 and 5); one on a single host stays
+  // on loopback, out of the network's reach.
+  if (boot_->spans_hosts()) options.local_address = core::address_other_hosts_reach();
   auto ctx = core::context::create(options);
   if (!ctx && !options.providers.empty()) {
     options.providers.clear();

@@ -62,17 +62,16 @@ reader_link=${link}a  # for flap and cut
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
 total=$((64 << 20)) rate=$((24 << 20))
 
-# start <mode> <ns> <self address> <out> <peer args...>: prints the pid.
+# start <mode> <ns> <out> <peer args...>: prints the pid.
 start() {
-  local mode=$1 ns=$2 self=$3 out=$4
-  shift 4
+  local mode=$1 ns=$2 out=$3
+  shift 3
   local env=(env)
   [[ $kase == cut ]] && env+=(STREAM_PEER_TIMEOUTS=1)
   # The fabric path on purpose (by default a connection across hosts stays
-  # on kernel TCP here: no RDMA device); the address until the stack takes
-  # it from the connection (issue 15, item 1).
+  # on kernel TCP here: no RDMA device); no address setting.
   [[ $mode == vmmc ]] && env+=(LD_PRELOAD="$preload" VMMC_SOCKETS_REMOTE=fabric
-    VMMC_CORE_TCP_ADDRESS="$self" VMMC_SOCKETS_LOG_LEVEL=3)
+    VMMC_SOCKETS_LOG_LEVEL=3)
   ip netns exec "$ns" "${env[@]}" python3 "$here/stream_peer.py" "$@" > "$out" 2> "$out.err" &
   echo $!
 }
@@ -102,10 +101,10 @@ PY
 run() {
   local mode=$1 kase=$2 r w
   ((port += 1))
-  r=$(start "$mode" "$a" "$net.1" "$work/reader" reader "$net.1" $port)
+  r=$(start "$mode" "$a" "$work/reader" reader "$net.1" $port)
   pids+=("$r")
   for _ in $(seq 200); do grep -q listening "$work/reader" 2>/dev/null && break; sleep 0.05; done
-  w=$(start "$mode" "$b" "$net.2" "$work/writer" writer "$net.1" $port $total $rate)
+  w=$(start "$mode" "$b" "$work/writer" writer "$net.1" $port $total $rate)
   pids+=("$w")
   if [[ $kase == lossy ]]; then
     wire impaired

@@ -16,6 +16,7 @@
 #include "integration/core/child_process.h"
 #include "user_key.h"
 #include "vmmc/core/context.h"
+#include "vmmc/core/host.h"
 
 namespace vmmc::test {
 namespace {
@@ -26,16 +27,23 @@ using namespace std::chrono_literals;
 
 int run(const std::string& command) { return std::system((command + " >/dev/null 2>&1").c_str()); }
 
-// In a forked child: enter `ns` and configure core to use tcp from `ip`.
-bool enter(const std::string& ns, const std::string& ip) {
+// In a forked child: enter `ns` and use tcp.
+bool enter(const std::string& ns) {
   int fd = ::open(("/var/run/netns/" + ns).c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0 || ::setns(fd, CLONE_NEWNET) != 0) return false;
   ::close(fd);
   ::setenv("VMMC_CORE_PROVIDERS", "tcp", 1);
-  ::setenv("VMMC_CORE_TCP_ADDRESS", ip.c_str(), 1);
   return true;
 }
 
+// What a user of core whose peers are on other hosts asks for: no address
+// setting, core finds where other hosts reach this one (here the
+// namespace's one interface besides loopback).
+core::context_options across_hosts() {
+  core::context_options o;
+  o.local_address = core::address_other_hosts_reach();
+  return o;
+}
 
 class CrossHost : public testing::Test {
  protected:
@@ -71,9 +79,9 @@ class CrossHost : public testing::Test {
 };
 
 // Host A exports and answers each notification with "<value> <byte sum>".
-int exporter_on_a(const std::string& ns, const std::string& ip, int out) {
-  if (!enter(ns, ip)) return 10;
-  auto c = core::context::create();
+int exporter_on_a(const std::string& ns, int out) {
+  if (!enter(ns)) return 10;
+  auto c = core::context::create(across_hosts());
   if (!c) return 11;
   std::vector<unsigned char> region(1 << 20);
   bool done = false;
@@ -94,9 +102,9 @@ int exporter_on_a(const std::string& ns, const std::string& ip, int out) {
 // In a forked child: host B's context and its import of A's "region"
 // (a null context on any failure).
 std::pair<std::optional<core::context>, core::import_handle> importer_on(
-    const std::string& ns, const std::string& ip, const std::string& address) {
-  if (!enter(ns, ip)) return {};
-  auto c = core::context::create();
+    const std::string& ns, const std::string& address) {
+  if (!enter(ns)) return {};
+  auto c = core::context::create(across_hosts());
   if (!c) return {};
   auto h = c->import_buffer(address, "region");
   if (!h) return {};
@@ -104,11 +112,11 @@ std::pair<std::optional<core::context>, core::import_handle> importer_on(
 }
 
 TEST_F(CrossHost, TcpBetweenNamespaces) {
-  child_process a([&](int out) { return exporter_on_a(ns_a_, ip_a_, out); });
+  child_process a([&](int out) { return exporter_on_a(ns_a_, out); });
   const std::string address = a.read_line();
   ASSERT_NE(address.find(ip_a_), std::string::npos) << address;
   child_process b([&](int out) {
-    auto [c, h] = importer_on(ns_b_, ip_b_, address);
+    auto [c, h] = importer_on(ns_b_, address);
     if (!c) return 20;
     if (*c->path_of(h) != "fabric:tcp;ofi_rxm") return 23;
     std::vector<unsigned char> data(1 << 20);
@@ -157,10 +165,10 @@ int keep_sending(core::context& c, core::import_handle h, std::chrono::milliseco
 // did not: silence for 600 ms (a heartbeat limit) declared the peer gone,
 // and a preloaded iperf3 lost the bytes in flight (issue 15, item 2).
 TEST_F(CrossHost, ALinkDownForAWhileBreaksNothing) {
-  child_process a([&](int out) { return exporter_on_a(ns_a_, ip_a_, out); });
+  child_process a([&](int out) { return exporter_on_a(ns_a_, out); });
   const std::string address = a.read_line();
   child_process b([&](int out) {
-    auto [c, h] = importer_on(ns_b_, ip_b_, address);
+    auto [c, h] = importer_on(ns_b_, address);
     if (!c) return 20;
     if (int e = keep_sending(*c, h, 5s, out)) return e;
     std::uint64_t zero = 0;
@@ -183,11 +191,11 @@ TEST_F(CrossHost, ALinkDownForAWhileBreaksNothing) {
 // unacknowledged that long end the connection (TCP_USER_TIMEOUT), and the
 // peer is reported gone.
 TEST_F(CrossHost, ALivenessLimitReportsALinkDownForGood) {
-  child_process a([&](int out) { return exporter_on_a(ns_a_, ip_a_, out); });
+  child_process a([&](int out) { return exporter_on_a(ns_a_, out); });
   const std::string address = a.read_line();
   child_process b([&](int out) {
     ::setenv("VMMC_CORE_LIVENESS_MS", "800", 1);
-    auto [c, h] = importer_on(ns_b_, ip_b_, address);
+    auto [c, h] = importer_on(ns_b_, address);
     if (!c) return 20;
     return keep_sending(*c, h, 20s, out);
   });
@@ -212,11 +220,11 @@ TEST_F(CrossHost, ALivenessLimitReportsALinkDownForGood) {
 // was copied there after the function had returned (TSan, a preloaded
 // python3 across namespaces: "Location is stack of thread T1").
 TEST_F(CrossHost, AFetchGivenUpNeverLandsLater) {
-  child_process a([&](int out) { return exporter_on_a(ns_a_, ip_a_, out); });
+  child_process a([&](int out) { return exporter_on_a(ns_a_, out); });
   const std::string address = a.read_line();
   child_process b([&](int out) {
     ::setenv("VMMC_CORE_LIVENESS_MS", "500", 1);
-    auto [c, h] = importer_on(ns_b_, ip_b_, address);
+    auto [c, h] = importer_on(ns_b_, address);
     if (!c) return 20;
     std::vector<unsigned char> back(64);
     if (!c->fetch(h, 0, back.data(), back.size()).ok()) return 21;  // the path works

@@ -62,18 +62,19 @@ size=$((32 << 20)) port=47311
 pair() {
   local label=$1 status=0 server
   shift
-  run() {  # namespace, address for the stack, peer.py arguments...
-    local ns=$1 self=$2
-    shift 2
-    timeout 90 ip netns exec "$ns" env LD_PRELOAD="$preload" VMMC_CORE_TCP_ADDRESS="$self" \
+  run() {  # namespace, peer.py arguments... (no address setting: the
+    # stack takes the connection's)
+    local ns=$1
+    shift
+    timeout 90 ip netns exec "$ns" env LD_PRELOAD="$preload" \
       VMMC_SOCKETS_LOG_LEVEL=3 "${settings[@]}" python3 "$work/peer.py" "$@"
   }
   settings=("$@")
   ((port += 1))
-  run "$a" 10.231.0.1 server 10.231.0.1 $port $size > "$work/server.out" 2> "$work/server.err" &
+  run "$a" server 10.231.0.1 $port $size > "$work/server.out" 2> "$work/server.err" &
   server=$!
   for _ in $(seq 100); do grep -q listening "$work/server.out" && break; sleep 0.05; done
-  run "$b" 10.231.0.2 client 10.231.0.1 $port $size > "$work/client.out" 2> "$work/client.err" ||
+  run "$b" client 10.231.0.1 $port $size > "$work/client.out" 2> "$work/client.err" ||
     status=$?
   wait "$server" || status=$?
   cat "$work/server.out" "$work/client.out"

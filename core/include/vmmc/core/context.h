@@ -186,6 +186,9 @@ struct context_options {
   // use). false: no key is read or made, and no TCP importer counts as the
   // same user (for layers that never export to the same user only).
   bool user_key = true;
+  // Where peers on other hosts reach the providers opened at creation (see
+  // context::open_remote_paths's local_address); empty: not given.
+  std::string local_address;
 };
 
 struct counters {
@@ -253,8 +256,15 @@ class context {
 
   // Opens the fabric providers and the control listener peers on other hosts
   // reach us by, if not open yet (see context_options::fabric_on_demand).
+  // They listen on VMMC_CORE_TCP_ADDRESS if set; else on `local_address`,
+  // an IPv4 address of ours peers on other hosts reach (the local end of
+  // the connection that carries an upgrade; address_other_hosts_reach()),
+  // when the call that opens them gives one; else on 127.0.0.1, where no
+  // other host reaches them. Fixed from then on: a peer that reached us at
+  // another address of ours is told this one (check_address_from may then
+  // refuse it).
   // Errors: unreachable (no provider could be opened).
-  status open_remote_paths();
+  status open_remote_paths(std::string_view local_address = {});
 
   // Memory that same-host importers may map. Errors: invalid_argument (0 bytes),
   // resource_exhausted.

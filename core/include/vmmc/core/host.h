@@ -35,4 +35,10 @@ struct host_identity {
   bool same_kernel(const host_identity& o) const { return kernel == o.kernel; }
 };
 
+// The IPv4 address by which other hosts most likely reach this one: that of
+// the interface with the default route, else of the first other interface
+// that is up (not loopback), else 127.0.0.1. For a process whose peers on
+// other hosts are known but no connection to them (NX under a launcher).
+std::string address_other_hosts_reach();
+
 }  // namespace vmmc::core
