@@ -22,42 +22,33 @@ shift
 cases=("$@")
 ((${#cases[@]})) || cases=(flap stop_reader stop_writer kill_writer kill_reader cut lossy busy)
 here=$(cd "$(dirname "$0")" && pwd)
-a=vmmc-mh-$$-a b=vmmc-mh-$$-b m=vmmc-mh-$$-m net=10.232.$(($$ % 200)) port=47400
+. "$here/../support/bridged_hosts.sh"
+prefix=vmmc-mh-$$ net=10.232.$(($$ % 200)) port=47400
+a=$prefix-a b=$prefix-b m=$prefix-wire
 work=$(mktemp -d)
 pids=()
 cleanup() {
   local p
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  for p in "$a" "$b" "$m"; do ip netns del "$p" 2>/dev/null || true; done
+  remove_bridged_hosts "$prefix" a b
   rm -rf "$work"
 }
 trap cleanup EXIT
-# Two hosts, A (reader, .1) and B (writer, .2), each with a veth to the wire
-# namespace M, where a bridge joins them. For the lossy case the two veths
-# move to bridges of their own, joined only through impair.py's TAP pair.
-ip netns add "$a" 2>/dev/null || { echo "cannot create network namespaces"; exit 77; }
-ip netns add "$b"
-ip netns add "$m"
-link=mh$$
-for side in a b; do
-  ns=${!side}
-  ip link add "$link$side" netns "$ns" type veth peer name "w$link$side" netns "$m"
-  ip -n "$ns" addr add "$net.$([[ $side == a ]] && echo 1 || echo 2)/24" dev "$link$side"
-  ip -n "$ns" link set lo up
-  ip -n "$ns" link set "$link$side" up
-done
-for br in br0 br1 br2; do ip -n "$m" link add $br type bridge; ip -n "$m" link set $br up; done
+# Two hosts, a (reader, .1) and b (writer, .2), on the wire namespace's
+# bridge br0. For the lossy case their veths move to bridges of their own,
+# br1 and br2, joined only through impair.py's TAP pair.
+bridged_hosts "$prefix" "$net" a b
+for br in br1 br2; do ip -n "$m" link add $br type bridge; ip -n "$m" link set $br up; done
 for t in tp1 tp2; do ip -n "$m" tuntap add dev $t mode tap; ip -n "$m" link set $t up; done
 ip -n "$m" link set tp1 master br1
 ip -n "$m" link set tp2 master br2
 wire() {  # wire direct|impaired
   local ends=(br0 br0)
   [[ $1 == impaired ]] && ends=(br1 br2)
-  ip -n "$m" link set "w${link}a" master "${ends[0]}" up
-  ip -n "$m" link set "w${link}b" master "${ends[1]}" up
+  ip -n "$m" link set wa master "${ends[0]}" up
+  ip -n "$m" link set wb master "${ends[1]}" up
 }
-wire direct
-reader_link=${link}a  # for flap and cut
+reader_link=a0  # for flap and cut
 
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
 total=$((64 << 20)) rate=$((24 << 20))

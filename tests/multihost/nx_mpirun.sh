@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# tests/multihost/nx_mpirun.sh BUILD: NX across simulated hosts under
+# Open MPI's mpirun with nothing but the launcher's own options (issue 15,
+# item 5): three hosts on a bridge (tests/support/bridged_hosts.sh); mpirun
+# runs on host c and starts its daemons on hosts a and b through an rsh
+# agent that enters their namespace (what ssh is between real hosts). No
+# vmmc setting, no per-node wrapper: examples/nx_jacobi must agree with its
+# serial result and nx_pingpong must complete, the nodes listening where the
+# other host reaches them (asserted from core's log). Exit 77 (skip) where
+# namespaces cannot be created or mpirun is missing.
+set -euo pipefail
+build=$(realpath "$1")
+here=$(cd "$(dirname "$0")" && pwd)
+command -v mpirun > /dev/null || { echo "no mpirun"; exit 77; }
+. "$here/../support/bridged_hosts.sh"
+prefix=vmmc-mx-$$ net=10.235.$(($$ % 200))
+work=$(mktemp -d)
+cleanup() {
+  remove_bridged_hosts "$prefix" a b c
+  rm -rf "$work"
+}
+trap cleanup EXIT
+bridged_hosts "$prefix" "$net" a b c
+
+cat > "$work/agent" <<SH
+#!/bin/sh
+# mpirun's rsh agent: "agent HOST COMMAND...", HOST being a namespace.
+host=\$1
+shift
+exec ip netns exec "\$host" sh -c "\$*"
+SH
+chmod +x "$work/agent"
+
+# mpirun job <seconds> <program...>: both nodes log where they listen.
+job() {
+  local seconds=$1
+  shift
+  timeout "$seconds" ip netns exec "$prefix-c" env OMPI_ALLOW_RUN_AS_ROOT=1 \
+    OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --host "$prefix-a,$prefix-b" -n 2 \
+    --mca plm_rsh_agent "$work/agent" -x VMMC_CORE_LOG_LEVEL=3 "$@"
+}
+problem=
+export VMMC_CORE_LOG_LEVEL=3  # only to see where the nodes listen
+if ! job 60 "$build/examples/nx_jacobi" > "$work/jacobi" 2>&1; then
+  problem+=" nx_jacobi failed;"
+fi
+grep "^jacobi" "$work/jacobi" || true
+grep -q "^jacobi .* on 2 nodes: .*: ok$" "$work/jacobi" || problem+=" nx_jacobi did not agree with its serial result;"
+for ip in "$net.1" "$net.2"; do
+  grep -q "remote peers reach this context at $ip\$" "$work/jacobi" ||
+    problem+=" no node listened on $ip;"
+done
+if ! job 60 "$build/examples/nx_pingpong" 65536 200 > "$work/pingpong" 2>&1; then
+  problem+=" nx_pingpong failed;"
+fi
+grep -E "^ +[0-9]+ " "$work/pingpong" | head -n 3 || true
+if [[ -n $problem ]]; then
+  echo "FAIL:$problem"
+  grep -v "^vmmc-core" "$work/jacobi" "$work/pingpong" | tail -n 20
+  exit 1
+fi
+echo "ok: NX across hosts under mpirun, no vmmc settings"
