@@ -2,13 +2,14 @@
 # tests/multihost/programs.sh PRELOAD: unmodified iperf3 and sockperf across
 # two simulated hosts on a bridge (tests/support/bridged_hosts.sh), each run
 # without the interposer and then with both ends preloaded, with no vmmc
-# setting at all. Both runs must complete with the same results (iperf3's
-# bytes sent = received, sockperf's replies neither lost, doubled nor out of
-# order), and each preloaded end must say which path it chose and why: here
-# kernel TCP, as no RDMA device lets the fabric beat it (issue 15, item 3).
-# iperf3 moves a fixed 2 GiB (with -t, bytes still in flight at the end
-# count as sent but not received, even on kernel TCP). Prints ours/kernel
-# for each headline figure (measured, not judged: the bars are vmmc-bench's). Exit 77 (skip) where namespaces cannot be created
+# setting at all. Both runs must complete (iperf3's ends with status 0, its
+# server receiving what was sent but for what was still in flight when the
+# client stopped counting: iperf3 counts it as sent, not received, kernel TCP
+# alone showed 142352 of 3.7 GB; sockperf's replies neither lost, doubled nor
+# out of order), and each preloaded end must say which path it chose and
+# why: here kernel TCP, as no RDMA device lets the fabric beat it (issue 15,
+# item 3). Prints ours/kernel for each headline figure (measured, not
+# judged: the bars are vmmc-bench's). Exit 77 (skip) where namespaces cannot be created
 # or a program is missing.
 set -euo pipefail
 preload=$1
@@ -48,6 +49,8 @@ decided() {  # decided <label> <log...>: each log says kernel TCP, and why
   done
 }
 
+in_flight=$(($(ip netns exec "$prefix-b" cut -f3 /proc/sys/net/ipv4/tcp_wmem) +
+  $(ip netns exec "$prefix-a" cut -f3 /proc/sys/net/ipv4/tcp_rmem)))
 declare -A figure
 for mode in kernel vmmc; do
   ((port += 1))
@@ -65,7 +68,9 @@ import json, sys
 e = json.load(open(sys.argv[1]))["end"]
 print(e["sum_sent"]["bytes"], e["sum_received"]["bytes"], e["sum_received"]["bits_per_second"])
 ' "$work/iperf3-client") || { problem+=" iperf3 ($mode): no result;"; sent=0 received=-1 bps=0; }
-  [[ $sent == "$received" ]] || problem+=" iperf3 ($mode): sent $sent, received $received;"
+  # In flight at the end: at most what the two socket buffers hold.
+  ((sent - received <= in_flight && received <= sent)) ||
+    problem+=" iperf3 ($mode): sent $sent, received $received;"
   figure[iperf3-$mode]=$bps
   [[ $mode == kernel ]] || decided iperf3 "$work/iperf3-server.log" "$work/iperf3-client.log"
 
