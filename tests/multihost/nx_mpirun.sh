@@ -31,13 +31,21 @@ exec ip netns exec "\$host" sh -c "\$*"
 SH
 chmod +x "$work/agent"
 
+# What the nodes must see of our environment: a daemon started through the
+# rsh agent passes on only what mpirun is told to (-x), as over ssh; the
+# sanitizer builds' settings among it (their suppressions, their log path).
+forward=(-x VMMC_CORE_LOG_LEVEL=3)
+for v in ASAN_OPTIONS LSAN_OPTIONS UBSAN_OPTIONS TSAN_OPTIONS GLIBC_TUNABLES VMMC_TEST_TIME_SCALE; do
+  [[ -z ${!v:-} ]] || forward+=(-x "$v")
+done
+
 # mpirun job <seconds> <program...>: both nodes log where they listen.
 job() {
   local seconds=$1
   shift
   timeout "$seconds" ip netns exec "$prefix-c" env OMPI_ALLOW_RUN_AS_ROOT=1 \
     OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --host "$prefix-a,$prefix-b" -n 2 \
-    --mca plm_rsh_agent "$work/agent" -x VMMC_CORE_LOG_LEVEL=3 "$@"
+    --mca plm_rsh_agent "$work/agent" "${forward[@]}" "$@"
 }
 problem=
 export VMMC_CORE_LOG_LEVEL=3  # only to see where the nodes listen
