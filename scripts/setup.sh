@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake pkg-config libfabric-dev libfabric-bin libboost-dev
-          libtirpc-dev libgtest-dev iproute2
+          libtirpc-dev libgtest-dev iproute2 iputils-ping  # ping: tests/multihost
           rpcbind rpcsvc-proto                        # vrpc: rpcinfo/portmapper, rpcgen
           openmpi-bin libopenmpi-dev libpmix-dev      # nx: mpirun reference and PMIx launch
           gfortran                                    # nx: the Fortran interface's test
