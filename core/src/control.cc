@@ -347,7 +347,7 @@ void context::impl::accept_links(int listener, bool is_unix) {
     }
     auto link = std::make_shared<importer_link>();
     link->conn = std::make_unique<connection>(unique_fd(c), is_unix);
-    if (!is_unix) link->conn->give_up_unacknowledged_after(liveness);
+    link->conn->give_up_unacknowledged_after(liveness);
     link->conn->on_backlog = [this] { wake_control_thread(); };
     link->accepted_ns = now_ns();
     std::lock_guard lock(links_mutex);

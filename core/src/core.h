@@ -174,6 +174,7 @@ class connection {
 
   // TCP: the kernel ends the connection when bytes we sent stay
   // unacknowledged for `timeout` (TCP_USER_TIMEOUT); 0 leaves its default.
+  // Nothing for a Unix connection (its end is exact), so callers need not ask.
   void give_up_unacknowledged_after(std::chrono::milliseconds timeout);
 
   std::int64_t last_sent_ns() const { return last_sent_ns_.load(std::memory_order_relaxed); }

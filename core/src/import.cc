@@ -51,7 +51,7 @@ result<context::impl::peer_ptr> context::impl::connect_peer(std::string_view blo
       return errc::protocol_error;
   }
   peer->conn = std::make_unique<connection>(std::move(*fd), peer->same_host);
-  if (!peer->same_host) peer->conn->give_up_unacknowledged_after(liveness);
+  peer->conn->give_up_unacknowledged_after(liveness);
   peer->conn->on_backlog = [this] { wake_control_thread(); };
 
   // A peer on another host is reached over the fabric, and reaches us so.

@@ -1,6 +1,5 @@
 // The in-band upgrade (wire.h): offer and accept bytes, the server's hello
 // frame, channel set-up, and the doorbell on the TCP connection.
-#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -132,23 +131,6 @@ void fail_connection(stream& s, const char* why) {
 // on another host (same-host peers take the mapped path: no provider needed).
 // Its peer reaches our fabric where it reached this connection: at the
 // connection's local address (no setting needed on any host).
-std::string local_ipv4(int fd) {
-  sockaddr_storage local{};
-  socklen_t length = sizeof local;
-  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) != 0) return {};
-  in_addr address{};
-  if (local.ss_family == AF_INET) {
-    address = reinterpret_cast<const sockaddr_in*>(&local)->sin_addr;
-  } else if (const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&local);
-             local.ss_family == AF_INET6 && IN6_IS_ADDR_V4MAPPED(&v6->sin6_addr)) {
-    std::memcpy(&address, &v6->sin6_addr.s6_addr[12], sizeof address);
-  } else {
-    return {};
-  }
-  char text[INET_ADDRSTRLEN];
-  return ::inet_ntop(AF_INET, &address, text, sizeof text) ? text : std::string();
-}
-
 core::context* context_for(stream& s) {
   core::context* ctx = process_context();
   if (ctx && !peer_on_this_host(s.fd)) {

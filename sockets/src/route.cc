@@ -6,6 +6,7 @@
 // TCP it would replace, and a healthy connection would then also depend on
 // a second transport's liveness. So by default such peers keep kernel TCP,
 // decided before the client puts an offer byte on the wire.
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
@@ -91,6 +92,16 @@ bool peer_on_this_host(int fd) {
     return false;
   return peer_on_this_host(reinterpret_cast<const sockaddr*>(&peer),
                            reinterpret_cast<const sockaddr*>(&local));
+}
+
+std::string local_ipv4(int fd) {
+  sockaddr_storage local{};
+  socklen_t length = sizeof local;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) != 0) return {};
+  const std::string ip = ip_of(reinterpret_cast<const sockaddr*>(&local));
+  char text[INET_ADDRSTRLEN];
+  if (ip.size() != 4 || !::inet_ntop(AF_INET, ip.data(), text, sizeof text)) return {};
+  return text;
 }
 
 std::optional<fallback> keep_on_tcp(int fd) {

@@ -224,6 +224,9 @@ void log(int level, const char* format, ...) __attribute__((format(printf, 2, 3)
 bool peer_on_this_host(int fd);
 // The same for the address a connect() names (`local`: null if not bound yet).
 bool peer_on_this_host(const sockaddr* peer, const sockaddr* local = nullptr);
+// The IPv4 address (dotted, IPv4-mapped IPv6 too) of our end of the
+// connected `fd`; empty for IPv6 or on failure.
+std::string local_ipv4(int fd);
 // Why a connection stays on kernel TCP although both ends may speak VMMC,
 // if it does: its peer is on another host and no fabric there can beat
 // kernel TCP (VMMC_SOCKETS_REMOTE). Decided before any byte of ours.
