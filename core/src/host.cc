@@ -2,10 +2,12 @@
 #include "vmmc/core/host.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <fstream>
 
@@ -82,6 +84,20 @@ std::string address_other_hosts_reach() {
   if (std::string a = interface_address(default_route_interface()); !a.empty()) return a;
   if (std::string a = interface_address({}); !a.empty()) return a;
   return "127.0.0.1";
+}
+
+bool rdma_device_present() {
+  static const bool present = [] {
+    if (DIR* d = ::opendir("/sys/class/infiniband")) {
+      bool any = false;
+      while (dirent* e = ::readdir(d))
+        if (e->d_name[0] != '.') any = true;
+      ::closedir(d);
+      if (any) return true;
+    }
+    return ::access("/dev/cxi0", F_OK) == 0 || ::access("/dev/hfi1_0", F_OK) == 0;
+  }();
+  return present;
 }
 
 }  // namespace vmmc::core

@@ -61,7 +61,8 @@ std::optional<startup_record> parse_startup_record(const std::string& text, long
   std::string other;
   in >> r.host >> r.pid >> r.cpus >> r.address;
   for (long k = 0; k < nodes; ++k) in >> (k == node ? r.descriptor : other);
-  for (long k = 0; k <= node; ++k) in >> r.mailbox;
+  for (long k = 0; k < nodes; ++k) in >> (k == node ? r.mailbox : other);
+  in >> r.lane >> r.lane_key;
   if (!in) return std::nullopt;
   return r;
 }

@@ -14,7 +14,7 @@ namespace vmmc::nx::detail {
 
 // The most a node's start-up record may take in a job of `nodes`: its host,
 // pid, CPU list and address, then a channel descriptor and a mailbox name
-// per node (each far below 4 KiB).
+// per node (each far below 4 KiB), then its TCP lane.
 constexpr std::size_t max_record_bytes(std::size_t nodes) {
   return 64 * 1024 + nodes * 4096;
 }
@@ -30,12 +30,14 @@ std::string record(std::string_view bytes);
 bool write_all(int fd, const void* data, std::size_t n);
 
 // A node's start-up record as node `node` of `nodes` reads it:
-// "<host> <pid> <cpus> <address> <descriptor or -> x nodes <mailbox or -> x nodes",
-// of which `node` takes the descriptor and mailbox meant for it.
+// "<host> <pid> <cpus> <address> <descriptor or -> x nodes <mailbox or -> x nodes
+// <lane or -> <lane key>", of which `node` takes the descriptor and mailbox
+// meant for it; `lane` is where the node takes kernel TCP connections from
+// nodes on other hosts ("ip:port"), and they must present `lane_key`.
 struct startup_record {
   std::string host;
   long pid = 0;
-  std::string cpus, address, descriptor, mailbox;
+  std::string cpus, address, descriptor, mailbox, lane, lane_key;
 };
 std::optional<startup_record> parse_startup_record(const std::string& text, long nodes, long node);
 

@@ -34,7 +34,20 @@ const core::setting start_timeout_ms {"nx", "start_timeout_ms", core::setting_ty
 const core::setting print_stats{
     "nx", "stats", core::setting_type::boolean, "0",
     "at exit, print per peer the path and the bytes received by copy and by redirection"};
-const core::setting table[] = {spin_us, start_timeout_ms, print_stats};
+// clang-format off
+const core::setting remote{"nx", "remote", core::setting_type::string, "auto",
+  "nodes on another host: 'auto' talks over kernel TCP unless an RDMA device (verbs, efa, cxi, "
+  "opx) lets the fabric beat it (libfabric's tcp provider cannot: it is TCP underneath), "
+  "'fabric' always over the fabric, 'tcp' always over kernel TCP"};
+// clang-format on
+const core::setting table[] = {spin_us, start_timeout_ms, print_stats, remote};
+
+// Whether this node takes peers on other hosts over kernel TCP (lane.h).
+bool kernel_tcp_to_other_hosts() {
+  const std::string mode = core::setting_string(remote);
+  if (mode == "fabric") return false;
+  return mode == "tcp" || !core::rdma_device_present();
+}
 struct registrar {
   registrar() { core::register_settings(table); }
 } const register_once;
@@ -159,6 +172,19 @@ bool runtime::start() {
   // with no setting (issue 15, items 1 and 5); one on a single host stays
   // on loopback, out of the network's reach.
   if (boot_->spans_hosts()) options.local_address = core::address_other_hosts_reach();
+  // Peers on other hosts reach this node's TCP lanes at the same address.
+  // A node that cannot listen (or is told not to) offers none, and such
+  // pairs stay on the fabric.
+  std::optional<tcp_listener> lanes;
+  const std::string lane_key = tcp_key();
+  if (boot_->spans_hosts() && kernel_tcp_to_other_hosts()) {
+    auto l = tcp_listener::open(options.local_address);
+    if (l)
+      lanes.emplace(std::move(*l));
+    else
+      std::fprintf(stderr, "nx: no kernel TCP lanes on %s (%s): other hosts over the fabric\n",
+                   options.local_address.c_str(), l.error().message().c_str());
+  }
   auto ctx = core::context::create(options);
   if (!ctx && !options.providers.empty()) {
     options.providers.clear();
@@ -172,8 +198,9 @@ bool runtime::start() {
   bell_ = std::make_unique<doorbell>(boot_->job, node_);
   peers_.resize(static_cast<std::size_t>(nodes_));
 
-  // "<host> <pid> <cpus> <context address> <channel descriptor or -> x N <mailbox or -> x N",
-  // the host as core defines it (host names repeat across containers).
+  // "<host> <pid> <cpus> <context address> <channel descriptor or -> x N <mailbox or -> x N
+  // <TCP lane address or -> <lane key>", the host as core defines it (host names
+  // repeat across containers).
   const core::host_identity host = core::host_identity::local();
   const std::string my_cpus = allowed_cpus();
   std::string blob =
@@ -200,14 +227,16 @@ bool runtime::start() {
       return false;
     }
     blob += " " + ch->descriptor();
-    peers_[static_cast<std::size_t>(j)].channel.emplace(std::move(*ch));
+    peers_[static_cast<std::size_t>(j)].link.use(std::move(*ch));
   }
   blob += mailboxes;
+  blob += " " + (lanes ? lanes->where() : std::string("-")) + " " + lane_key;
   std::vector<std::string> all = boot_->all_gather(blob);
   if (all.size() != peers_.size()) return false;
 
   // Each peer's record, parsed once: what this node needs of it.
   std::vector<startup_record> records(peers_.size());
+  std::vector<bool> tcp_peers(peers_.size());
   for (long j = 0; j < nodes_; ++j) {
     if (j == node_) continue;
     auto r = parse_startup_record(all[static_cast<std::size_t>(j)], nodes_, node_);
@@ -220,12 +249,26 @@ bool runtime::start() {
     p.remote = !peer_host || !peer_host->same_host(host);
     p.shares_cpus = peer_host && peer_host->same_kernel(host);
     p.pid = static_cast<pid_t>(r->pid);
+    // A pair on two hosts that both offer TCP lanes takes one; the channel
+    // and mailbox made for it before the records came go unused.
+    if (p.remote && lanes && r->lane != "-") {
+      p.link.drop_channel();
+      p.mail.reset();
+      tcp_peers[static_cast<std::size_t>(j)] = true;
+    }
+    if (core::setting_integer(core::settings::log_level) >= 3)
+      std::fprintf(stderr, "nx: node %ld <-> node %ld: %s\n", node_, j,
+                   tcp_peers[static_cast<std::size_t>(j)] ? "kernel TCP (another host, and the "
+                                                            "fabric cannot beat kernel TCP to it)"
+                   : p.remote                             ? "the fabric (another host)"
+                                                          : "this host's path");
     records[static_cast<std::size_t>(j)] = std::move(*r);
-    if (p.remote && options.providers == std::vector<std::string>{"shm"}) {
+    if (p.remote && !tcp_peers[static_cast<std::size_t>(j)] &&
+        options.providers == std::vector<std::string>{"shm"}) {
       std::fprintf(stderr,
-                   "nx: node %ld is on another host (another kernel or network namespace), and "
-                   "under nxrun nodes open only libfabric's shm: set VMMC_CORE_PROVIDERS "
-                   "(e.g. shm,tcp) for such jobs\n",
+                   "nx: node %ld is on another host (another kernel or network namespace), the "
+                   "pair takes the fabric (VMMC_NX_REMOTE), and under nxrun nodes open only "
+                   "libfabric's shm: set VMMC_CORE_PROVIDERS (e.g. shm,tcp) for such jobs\n",
                    j);
       return false;
     }
@@ -249,10 +292,36 @@ bool runtime::start() {
   auto deadline = clock::now() + std::chrono::milliseconds(core::setting_integer(start_timeout_ms));
   // The lower-numbered node of each pair connects; the other accepts.
   for (long pass = 0; pass < 2; ++pass) {
+    if (pass == 1 && lanes) {
+      std::vector<bool> expected(peers_.size());
+      for (long j = 0; j < node_; ++j)
+        expected[static_cast<std::size_t>(j)] = tcp_peers[static_cast<std::size_t>(j)];
+      auto accepted = lanes->accept_nodes(lane_key, expected, deadline);
+      if (!accepted) {
+        std::fprintf(stderr, "nx: nodes on other hosts did not connect: %s\n",
+                     accepted.error().message().c_str());
+        return false;
+      }
+      for (long j = 0; j < node_; ++j)
+        if (expected[static_cast<std::size_t>(j)])
+          peers_[static_cast<std::size_t>(j)].link.use(
+              std::move((*accepted)[static_cast<std::size_t>(j)]));
+    }
     for (long j = 0; j < nodes_; ++j) {
       if (j == node_) continue;
       peer& p = peers_[static_cast<std::size_t>(j)];
       const startup_record& r = records[static_cast<std::size_t>(j)];
+      if (tcp_peers[static_cast<std::size_t>(j)]) {
+        if (pass == 1 || node_ > j) continue;
+        auto stream = tcp_connect(r.lane, node_, r.lane_key, deadline);
+        if (!stream) {
+          std::fprintf(stderr, "nx: connect to node %ld at %s: %s\n", j, r.lane.c_str(),
+                       stream.error().message().c_str());
+          return false;
+        }
+        p.link.use(std::move(*stream));
+        continue;
+      }
       if (pass == 1) {
         if (status s = p.mail->attach(r.address, r.mailbox); !s) {
           std::fprintf(stderr, "nx: mailbox of node %ld: %s\n", j, s.error().message().c_str());
@@ -260,13 +329,13 @@ bool runtime::start() {
         }
       }
       if (pass == 0 && node_ < j) {
-        if (status s = p.channel->connect(r.descriptor, ""); !s) {
+        if (status s = p.link.channel().connect(r.descriptor, ""); !s) {
           std::fprintf(stderr, "nx: connect to node %ld: %s\n", j, s.error().message().c_str());
           return false;
         }
       } else if (pass == 1 && node_ > j) {
         for (;;) {
-          auto hello = p.channel->accept_peer("");
+          auto hello = p.link.channel().accept_peer("");
           if (hello) break;
           if (!hello.is(errc::would_block) || clock::now() > deadline) {
             std::fprintf(stderr, "nx: node %ld did not connect: %s\n", j,
@@ -320,15 +389,15 @@ void runtime::finish() {
     return true;
   });
   for (peer& p : peers_)
-    if (p.channel) (void)p.channel->close_write();
+    if (p.link.open()) p.link.close_write();
   if (core::setting_bool(print_stats)) {
     for (std::size_t j = 0; j < peers_.size(); ++j) {
-      if (!peers_[j].channel) continue;
-      redirect::channel_counters c = peers_[j].channel->stats();
+      if (!peers_[j].link.open()) continue;
+      redirect::channel_counters c = peers_[j].link.stats();
       std::fprintf(stderr,
                    "nx: node %ld <- node %zu: %s, %llu bytes copied, %llu redirected, %llu "
                    "doorbells rung\n",
-                   node_, j, peers_[j].channel->path().c_str(),
+                   node_, j, peers_[j].link.path().c_str(),
                    static_cast<unsigned long long>(c.bytes_copied),
                    static_cast<unsigned long long>(c.bytes_redirected),
                    static_cast<unsigned long long>(c.doorbells_rung));
@@ -408,7 +477,7 @@ void runtime::abandon(request* r) {
       // Posted on the fabric path: take the post back. If the sender had
       // already taken it up, the channel cuts the buffer off, and how much of
       // the stream went there is unknown: nothing more is read from it.
-      auto withdrawn = p.channel->withdraw_post();
+      auto withdrawn = p.link.channel().withdraw_post();
       p.posting = false;
       if (!withdrawn || !*withdrawn) p.unreadable = true;
     }
@@ -465,7 +534,7 @@ int runtime::send_to(long j, wire::header& header, const std::byte* data, std::s
   peer& p = peers_[static_cast<std::size_t>(j)];
   if (p.ended) return 0;  // it reads nothing more: dropped
   header.sequence = p.next_sequence++;
-  if (length <= wire::mailbox_payload_max && !p.closed) {
+  if (length <= wire::mailbox_payload_max && !p.closed && p.mail) {
     result<bool> placed = p.mail->try_send(header, data);
     if (placed && *placed) {
       if (p.mail->peer_wants_wakeup()) bell_->ring(j);
@@ -507,12 +576,12 @@ int runtime::write_some(peer& p, outgoing& o) {
       std::byte both[gather_max];
       std::memcpy(both, &o.header, header_bytes);
       if (o.length) std::memcpy(both + header_bytes, o.data, o.length);
-      n = p.channel->write(both, total);
+      n = p.link.write(both, total);
     } else if (o.sent < header_bytes) {
-      n = p.channel->write(reinterpret_cast<const std::byte*>(&o.header) + o.sent,
-                           header_bytes - o.sent);
+      n = p.link.write(reinterpret_cast<const std::byte*>(&o.header) + o.sent,
+                       header_bytes - o.sent);
     } else {
-      n = p.channel->write(o.data + (o.sent - header_bytes), total - o.sent);
+      n = p.link.write(o.data + (o.sent - header_bytes), total - o.sent);
     }
     if (n) {
       o.sent += *n;
@@ -529,10 +598,14 @@ int runtime::write_some(peer& p, outgoing& o) {
 // A write toward `p` failed: 0 when the peer ended in order (what we send is
 // dropped, as nobody will read it), else the job's failure code.
 int runtime::write_failed(peer& p, std::error_code error) {
-  if (p.closed || p.channel->peer_closed()) {
+  if (p.closed || p.link.peer_closed()) {
     p.closed = true;
     return 0;
   }
+  // On TCP a refused write says only that the peer's kernel takes no more:
+  // whether the node ended in order (its end message still to be read) or
+  // died, the read side tells (check_peers). What we sent is dropped.
+  if (p.link.tcp()) return 0;
   return fail_job(&p - peers_.data(), error == errc::peer_gone ? EQBADNODE : EQDRVERR);
 }
 
@@ -693,14 +766,16 @@ void runtime::progress() {
 
 void runtime::drain(long from) {
   peer& p = peers_[static_cast<std::size_t>(from)];
-  redirect::channel& ch = *p.channel;
+  lane& ch = p.link;
   for (;;) {
     if (completed_) return;
     if (!p.in_body) {
       // The next message is in the mailbox or at the head of the stream:
       // whichever holds the sequence number we expect.
       if (take_mail(from)) continue;
-      if (failure_) return;
+      // Only this peer's failure stops its stream: what the others sent
+      // before a node died is still theirs to deliver.
+      if (p.unreadable) return;
       if (p.header_got < header_bytes) {
         std::size_t ready = ch.readable();
         if (ready == 0) return;
@@ -711,6 +786,7 @@ void runtime::drain(long from) {
       wire::header h;
       std::memcpy(&h, p.header, header_bytes);
       if (!wire::valid(h)) {
+        p.unreadable = true;
         fail_job(from, EQDRVERR);
         return;
       }
@@ -726,7 +802,7 @@ void runtime::drain(long from) {
     std::size_t got;
     if (p.posting) {
       // The receive buffer is posted: the sender places the payload there.
-      auto r = ch.poll_post();
+      auto r = ch.channel().poll_post();
       if (r.is(errc::would_block)) return;
       p.posting = false;
       if (!r) return;  // the peer is gone: check_peers() reports it
@@ -737,8 +813,8 @@ void runtime::drain(long from) {
       // A large payload bound for a posted receive: on the fabric path post
       // the user's buffer, which stays open across progress calls until the
       // sender has filled it (the channel decides whether posting pays).
-      if (p.receiver) {
-        auto posted = ch.post(p.destination, p.destination_left);
+      if (p.receiver && !ch.tcp()) {
+        auto posted = ch.channel().post(p.destination, p.destination_left);
         if (posted && *posted) {
           p.posting = true;
           continue;
@@ -762,12 +838,12 @@ void runtime::drain(long from) {
 bool runtime::take_whole(long from, std::size_t ready) {
   peer& p = peers_[static_cast<std::size_t>(from)];
   wire::header h;
-  p.channel->read(&h, header_bytes, false);
+  p.link.read(&h, header_bytes, false);
   const std::size_t total = header_bytes + static_cast<std::size_t>(h.length);
   if (!wire::valid(h) || total > gather_max || total > ready || h.sequence != p.expected)
     return false;
   std::byte staging[gather_max];
-  p.channel->read(staging, total);
+  p.link.read(staging, total);
   deliver_whole(from, h, staging + header_bytes);
   return true;
 }
@@ -785,10 +861,12 @@ void runtime::deliver_whole(long from, const wire::header& h, const std::byte* p
 // Inline: it is on the polling path of every receive.
 inline const wire::mailbox_slot* runtime::next_mail(long from) {
   peer& p = peers_[static_cast<std::size_t>(from)];
+  if (!p.mail) return nullptr;
   const wire::mailbox_slot* slot = p.mail->next();
   if (!slot || slot->h.sequence != p.expected) return nullptr;
   const wire::header& h = slot->h;
   if (!wire::valid_in_mailbox(h)) {
+    p.unreadable = true;
     fail_job(from, EQDRVERR);
     return nullptr;
   }
@@ -939,7 +1017,7 @@ bool runtime::receive_from_mailbox(const selector& sel, std::byte* buffer, std::
       const wire::mailbox_slot* slot = next_mail(j);
       if (!slot) {
         // A stream message (next in sequence, or another one) or a failure.
-        if (failure_ || p.channel->readable()) return false;
+        if (failure_ || p.link.readable()) return false;
         continue;
       }
       const wire::header h = slot->h;
@@ -1003,8 +1081,8 @@ int runtime::wait_until(Ready ready) {
 void runtime::sleep_a_little() {
   int timeout_ms = bell_->fd() < 0 ? 1 : 100;
   if (!arm_doorbell(timeout_ms)) return;
-  pollfd f{bell_->fd(), POLLIN, 0};
-  ::poll(&f, f.fd < 0 ? 0 : 1, timeout_ms);
+  lane_fds_.push_back({bell_->fd(), POLLIN, 0});  // -1 (no doorbell): poll skips it
+  ::poll(lane_fds_.data(), lane_fds_.size(), timeout_ms);
   bell_->drain();
   // This arming replaced the handler thread's, and the ring that answered
   // it is drained: the thread must arm again once this call is over.
@@ -1015,14 +1093,21 @@ void runtime::sleep_a_little() {
 }
 
 bool runtime::arm_doorbell(int& timeout_ms) {
+  lane_fds_.clear();
   for (long j = 0; j < nodes_; ++j) {
     if (j == node_) continue;
     peer& p = peers_[static_cast<std::size_t>(j)];
-    if (p.remote) timeout_ms = 1;
-    if (p.closed || p.channel->peer_closed()) continue;
+    if (p.closed || p.link.peer_closed()) continue;
+    if (p.link.tcp()) {
+      if (!p.link.prepare_sleep(redirect::sleep_reason::data)) return false;
+      const short events = POLLIN | (p.queue.empty() ? 0 : POLLOUT);
+      lane_fds_.push_back({p.link.wait_fd(), events, 0});
+      continue;
+    }
+    if (p.remote) timeout_ms = 1;  // its fabric writes ring no doorbell here
     if (!p.mail->prepare_sleep()) return false;
-    if (!p.channel->prepare_sleep(redirect::sleep_reason::data)) return false;
-    if (!p.queue.empty() && !p.channel->prepare_sleep(redirect::sleep_reason::space)) return false;
+    if (!p.link.prepare_sleep(redirect::sleep_reason::data)) return false;
+    if (!p.queue.empty() && !p.link.prepare_sleep(redirect::sleep_reason::space)) return false;
   }
   return true;
 }
@@ -1101,9 +1186,14 @@ void runtime::handler_thread_main() {
     call_locked = false;
     lock.unlock();
     if (armed) {
-      // The doorbell, and the program's kick after it slept in a call.
-      pollfd f[2] = {{kick_fd_, POLLIN, 0}, {serving ? bell_->fd() : -1, POLLIN, 0}};
-      ::poll(f, 2, timeout_ms);
+      // The doorbell and the TCP lanes, and the program's kick after it
+      // slept in a call.
+      std::vector<pollfd> f{{kick_fd_, POLLIN, 0}};
+      if (serving) {
+        f.push_back({bell_->fd(), POLLIN, 0});
+        f.insert(f.end(), lane_fds_.begin(), lane_fds_.end());
+      }
+      ::poll(f.data(), f.size(), timeout_ms);
     } else {
       // Something is on its way: let it land without taking the lock back
       // at once (the program's next call may want it).
@@ -1120,7 +1210,7 @@ void runtime::check_peers() {
   for (long j = 0; j < nodes_; ++j) {
     if (j == node_) continue;
     peer& p = peers_[static_cast<std::size_t>(j)];
-    if (p.closed || !p.channel->peer_gone()) continue;
+    if (p.closed || !p.link.peer_gone()) continue;
     // Its messages that arrived before it went are taken in first, as the
     // bytes before a stream's end: a node that sent its part of a gsync and
     // exited at once must not fail the others' gsync.
@@ -1129,7 +1219,7 @@ void runtime::check_peers() {
       drained = true;
     }
     if (p.closed) continue;  // its end came meanwhile
-    if (p.channel->peer_closed()) {
+    if (p.link.peer_closed()) {
       // Ended its stream but its end message is not here: nothing more can
       // come from a process that is gone.
       peer_ended(j);

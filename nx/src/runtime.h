@@ -19,6 +19,8 @@
 // once, and a handler never runs concurrently with another or nested.
 #pragma once
 
+#include <poll.h>
+
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -35,6 +37,7 @@
 #include <vector>
 
 #include "bootstrap.h"
+#include "lane.h"
 #include "mailbox.h"
 #include "nx.h"
 #include "vmmc/core/context.h"
@@ -166,8 +169,8 @@ class runtime {
     bool complete = false;
   };
   struct peer {
-    std::optional<redirect::channel> channel;
-    std::unique_ptr<mailbox> mail;     // small messages, both ways
+    lane link;                         // the stream, both ways
+    std::unique_ptr<mailbox> mail;     // small messages, both ways (null on TCP)
     std::uint32_t next_sequence = 0;   // of our next message to this peer
     std::uint32_t expected = 0;        // sequence of its next message to us
     bool remote = false;       // other host (core::host_identity): doorbells do not reach it
@@ -189,7 +192,9 @@ class runtime {
     request* receiver = nullptr;
     arrival* pending = nullptr;
     bool posting = false;  // destination is posted on the channel (fabric path)
-    bool unreadable = false;  // a post was cut off mid-message: the stream is lost
+    // A post was cut off mid-message, or the peer sent a malformed message:
+    // nothing more is read from it.
+    bool unreadable = false;
   };
 
   runtime() = default;
@@ -242,6 +247,9 @@ class runtime {
   // its way already (poll again instead of sleeping). `timeout_ms` becomes
   // 1 when a peer cannot ring (other host).
   bool arm_doorbell(int& timeout_ms);
+  // Where a sleeper must look besides its doorbell (TCP lanes), as the
+  // last arm_doorbell() found.
+  std::vector<pollfd> lane_fds_;
   void serve_handlers();
   void start_handler_thread();
   void stop_handler_thread();

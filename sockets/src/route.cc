@@ -7,7 +7,6 @@
 // a second transport's liveness. So by default such peers keep kernel TCP,
 // decided before the client puts an offer byte on the wire.
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -19,6 +18,7 @@
 #include <vector>
 
 #include "sockets.h"
+#include "vmmc/core/host.h"
 
 namespace vmmc::sockets::detail {
 namespace {
@@ -56,22 +56,6 @@ bool one_of_our_addresses(const std::string& ip) {
   for (const std::string& a : addresses)
     if (!a.empty() && a == ip) return true;
   return false;
-}
-
-// A device a fabric provider can offload to: verbs and efa devices (and
-// usnic) under /sys/class/infiniband, HPE Slingshot's cxi, Omni-Path's hfi1.
-bool rdma_device_present() {
-  static const bool present = [] {
-    if (DIR* d = ::opendir("/sys/class/infiniband")) {
-      bool any = false;
-      while (dirent* e = ::readdir(d))
-        if (e->d_name[0] != '.') any = true;
-      ::closedir(d);
-      if (any) return true;
-    }
-    return ::access("/dev/cxi0", F_OK) == 0 || ::access("/dev/hfi1_0", F_OK) == 0;
-  }();
-  return present;
 }
 
 }  // namespace
@@ -112,7 +96,7 @@ std::optional<fallback> keep_on_tcp_to(bool peer_here) {
   static const std::string mode = core::setting_string(settings::remote);
   if (mode == "fabric" || peer_here) return std::nullopt;
   if (mode == "tcp") return fallback::remote_tcp;
-  if (rdma_device_present()) return std::nullopt;
+  if (core::rdma_device_present()) return std::nullopt;
   return fallback::remote_no_rdma;
 }
 

@@ -28,6 +28,7 @@ void startup(const std::string& text, long nodes, long node) {
   if (!r) return;
   check(one_word(r->host) && one_word(r->cpus) && one_word(r->address));
   check(one_word(r->descriptor) && one_word(r->mailbox));
+  check(one_word(r->lane) && one_word(r->lane_key));
   std::set<int> cpus;
   add_cpus(r->cpus, cpus);
   std::size_t entries = 1;

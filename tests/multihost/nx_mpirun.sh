@@ -78,7 +78,7 @@ done
 if ! job 60 "$build/examples/nx_pingpong" 65536 200 > "$work/pingpong" 2>&1; then
   problem+=" nx_pingpong failed;"
 fi
-grep -E "^ +[0-9]+ " "$work/pingpong" | head -n 3 || true
+grep -E "^ +[0-9]+ |^nx: node" "$work/pingpong" | head -n 5 || true
 if [[ -n $problem ]]; then
   echo "FAIL:$problem"
   grep -v "^vmmc" "$work/jacobi" | tail -n 15

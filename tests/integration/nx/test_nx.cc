@@ -22,8 +22,12 @@ int run(const std::string& command, int seconds = 60) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
 }
 
+// NX_TEST_NODE_WRAPPER, when set, is what nxrun starts each node through
+// (tests/integration/nx/namespaces.sh puts nodes on simulated hosts so).
 std::string nxrun(int nodes, const std::string& suite) {
-  return std::string(NXRUN) + " -n " + std::to_string(nodes) + " " + NX_CASES + " " + suite;
+  const char* wrapper = std::getenv("NX_TEST_NODE_WRAPPER");
+  return std::string(NXRUN) + " -n " + std::to_string(nodes) + " " +
+         (wrapper ? std::string(wrapper) + " " : "") + NX_CASES + " " + suite;
 }
 
 std::string mpirun_program(int nodes, const std::string& program) {

@@ -41,4 +41,11 @@ struct host_identity {
 // other hosts are known but no connection to them (NX under a launcher).
 std::string address_other_hosts_reach();
 
+// Whether this host has a device a fabric provider can offload to (verbs,
+// efa and usnic under /sys/class/infiniband, HPE Slingshot's cxi,
+// Omni-Path's hfi1). Without one, a provider to another host (tcp) is
+// kernel TCP plus its own framing and progress: it can only lose to the
+// kernel TCP it would replace, so layers keep such peers on kernel TCP.
+bool rdma_device_present();
+
 }  // namespace vmmc::core
