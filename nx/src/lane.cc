@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,7 +19,9 @@
 namespace vmmc::nx::detail {
 namespace {
 
-constexpr std::size_t input_bytes = 64 * 1024;
+// Small: a poll takes in a few small messages at once, while a large
+// payload goes past it (only what came with its header is copied twice).
+constexpr std::size_t input_bytes = 8 * 1024;
 constexpr char hello_magic[8] = {'v', 'm', 'm', 'c', '-', 'n', 'x', '1'};
 constexpr std::size_t key_chars = 32;
 constexpr std::size_t max_waiting = 64;  // accepted, hello not yet complete
@@ -75,21 +78,39 @@ tcp_stream::~tcp_stream() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+bool tcp_stream::ready(short event) {
+  pollfd f{fd_, event, 0};
+  return ::poll(&f, 1, 0) != 0;  // an error or hang-up counts: the call reports it
+}
+
 result<std::size_t> tcp_stream::write(const void* data, std::size_t length) {
+  return write(data, length, nullptr, 0);
+}
+
+result<std::size_t> tcp_stream::write(const void* first, std::size_t first_length,
+                                      const void* second, std::size_t second_length) {
+  iovec parts[2] = {{const_cast<void*>(first), first_length},
+                    {const_cast<void*>(second), second_length}};
+  msghdr m{};
+  m.msg_iov = parts;
+  m.msg_iovlen = second_length ? 2 : 1;
+  if (blocked_ && !ready(POLLOUT)) return errc::would_block;
   for (;;) {
-    ssize_t n = ::send(fd_, data, length, MSG_DONTWAIT | MSG_NOSIGNAL);
+    ssize_t n = ::sendmsg(fd_, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
+    blocked_ = n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
     if (n >= 0) return static_cast<std::size_t>(n);
     if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) return errc::would_block;
+    if (blocked_) return errc::would_block;
     return errc::peer_gone;
   }
 }
 
 bool tcp_stream::fill() {
-  if (ended_) return false;
+  if (ended_ || (starved_ && !ready(POLLIN))) return false;
   if (in_.empty()) in_.resize(input_bytes);
   for (;;) {
     ssize_t n = ::recv(fd_, in_.data(), in_.size(), MSG_DONTWAIT);
+    starved_ = n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
     if (n > 0) {
       begin_ = 0;
       end_ = static_cast<std::size_t>(n);
@@ -126,8 +147,10 @@ std::size_t tcp_stream::read(void* data, std::size_t length, bool consume) {
   if (got == length || ended_) return got;
   if (length - got >= input_bytes / 2) {
     // A large payload goes from the kernel to its destination in one copy.
+    if (starved_ && !ready(POLLIN)) return got;
     for (;;) {
       ssize_t n = ::recv(fd_, to + got, length - got, MSG_DONTWAIT);
+      starved_ = n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
       if (n > 0) {
         received_ += static_cast<std::size_t>(n);
         return got + static_cast<std::size_t>(n);

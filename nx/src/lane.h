@@ -45,6 +45,10 @@ class tcp_stream {
   // What the kernel accepts now (would_block: nothing); peer_gone once the
   // connection failed or the peer will not read (EPIPE, ECONNRESET).
   result<std::size_t> write(const void* data, std::size_t length);
+  // `first` then `second` in one call (one segment where they fit): what
+  // the kernel accepted of the two together.
+  result<std::size_t> write(const void* first, std::size_t first_length, const void* second,
+                            std::size_t second_length);
   // Bytes at hand, taking in what the kernel holds when none are.
   std::size_t readable();
   // Copies up to `length` bytes out (without `consume`, only looks: at most
@@ -63,12 +67,17 @@ class tcp_stream {
  private:
   // One recv() into the buffer when it is empty; false if nothing came.
   bool fill();
+  bool ready(short event);
   std::size_t take_in(void* data, std::size_t length);
 
   int fd_;
   std::vector<std::byte> in_;
   std::size_t begin_ = 0, end_ = 0;  // unread bytes of in_
   bool ended_ = false;               // end of stream or an error came
+  // The last recv() / send() found nothing to do: until poll() says the
+  // connection is ready, a spinning waiter asks poll(), which does not take
+  // the socket's lock that the kernel's receive and ACK processing needs.
+  bool starved_ = false, blocked_ = false;
   std::uint64_t received_ = 0;
 };
 
@@ -119,6 +128,12 @@ class lane {
 
   result<std::size_t> write(const void* data, std::size_t length) {
     return tcp_ ? tcp_->write(data, length) : channel_->write(data, length);
+  }
+  // A message's header and payload: on TCP in one call, with no copy.
+  bool gathers() const { return tcp_ != nullptr; }
+  result<std::size_t> write(const void* first, std::size_t first_length, const void* second,
+                            std::size_t second_length) {
+    return tcp_->write(first, first_length, second, second_length);
   }
   std::size_t readable() { return tcp_ ? tcp_->readable() : channel_->readable(); }
   std::size_t read(void* data, std::size_t length, bool consume = true) {

@@ -572,7 +572,10 @@ int runtime::write_some(peer& p, outgoing& o) {
   const std::size_t total = header_bytes + o.length;
   while (o.sent < total) {
     result<std::size_t> n = errc::would_block;
-    if (o.sent == 0 && total <= gather_max) {
+    if (o.sent < header_bytes && p.link.gathers()) {
+      n = p.link.write(reinterpret_cast<const std::byte*>(&o.header) + o.sent,
+                       header_bytes - o.sent, o.data, o.length);
+    } else if (o.sent == 0 && total <= gather_max) {
       std::byte both[gather_max];
       std::memcpy(both, &o.header, header_bytes);
       if (o.length) std::memcpy(both + header_bytes, o.data, o.length);
