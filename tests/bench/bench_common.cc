@@ -2,6 +2,8 @@
 // fork-based two-process runner shared by every vmmc-bench benchmark.
 #include "bench_common.h"
 
+#include <arpa/inet.h>
+
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -80,7 +82,7 @@ bool parse_options(int argc, char** argv, options& out, std::string& error) {
 
 void print_usage(std::ostream& os, std::string_view argv0) {
   os << "usage: " << argv0 << " <benchmark> [--quick] [--json PATH] [--provider shm|tcp|all]\n"
-     << "  benchmark   core, sockets, vrpc, nx, startup\n"
+     << "  benchmark   core, sockets, vrpc, nx, startup, multihost (root: simulated hosts)\n"
      << "  --quick     short sweep, whole run under 30 s\n"
      << "  --json PATH also write the results as JSON to PATH\n"
      << "  --provider  libfabric provider(s) to measure: shm (default), tcp (tcp;ofi_rxm), all\n";
@@ -434,6 +436,20 @@ void peer_link::barrier() {
 
 // ---------------------------------------------------------------- run_pair
 
+pair_placement& placement() {
+  static pair_placement where;
+  return where;
+}
+
+sockaddr_in child_address(std::uint16_t port) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  if (::inet_pton(AF_INET, placement().child_address.c_str(), &a.sin_addr) != 1)
+    throw std::runtime_error("not an IPv4 address: " + placement().child_address);
+  return a;
+}
+
 void run_pair(const std::function<void(peer_link&)>& parent,
               const std::function<void(peer_link&)>& child, std::chrono::seconds child_timeout) {
   int fds[2];
@@ -454,6 +470,8 @@ void run_pair(const std::function<void(peer_link&)>& parent,
     if (::getppid() != parent_pid) ::_exit(3);  // the parent died before prctl
     int code = 0;
     try {
+      placement().in_child = true;
+      if (placement().enter_child_host) placement().enter_child_host();
       peer_link link(fds[1]);
       child(link);
     } catch (const std::exception& e) {

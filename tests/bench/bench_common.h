@@ -14,6 +14,8 @@
 // Nothing here is thread-safe; a benchmark runs one measuring thread per process.
 #pragma once
 
+#include <netinet/in.h>
+
 #include <chrono>
 #include <cstddef>
 #include <cstring>
@@ -190,6 +192,24 @@ class peer_link {
   int fd_;
   std::chrono::milliseconds timeout_;
 };
+
+// Where run_pair's two processes run. By default both on this host, the
+// child listening on 127.0.0.1. `vmmc-bench multihost` puts the child on
+// another simulated host (enter_child_host runs in it first) that listens on
+// that host's address, so every pair benchmark measures across hosts as is.
+struct pair_placement {
+  std::string child_address = "127.0.0.1";   // where the child listens, the parent connects
+  std::string parent_address = "127.0.0.1";  // the parent's own host's address
+  std::function<void()> enter_child_host;    // empty: the child stays here
+  bool in_child = false;                     // set in run_pair's child
+};
+pair_placement& placement();
+// The address of the host this process runs on (a fabric listens there).
+inline const std::string& this_host_address() {
+  return placement().in_child ? placement().child_address : placement().parent_address;
+}
+// placement().child_address as a socket address with `port`.
+sockaddr_in child_address(std::uint16_t port);
 
 // Forks (before either side initialises libfabric: call it with no fabric
 // objects open), runs `parent` here and `child` in the new process, each with

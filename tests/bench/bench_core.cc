@@ -72,6 +72,7 @@ struct session {
     context_options o;
     o.providers = {v.provider};
     o.mapped_path = v.mapped ? 1 : 0;
+    if (v.provider == "tcp") o.local_address = this_host_address();
     auto c = context::create(o);
     if (!c) fail("context::create", c.error());
     ctx.emplace(std::move(*c));
@@ -320,6 +321,17 @@ ours_results measure_ours(const variant& v, const std::vector<std::size_t>& lat_
 }
 
 }  // namespace
+
+void measure_core_latency_rows(bool quick, const std::string& provider, const std::string& prefix,
+                               std::vector<result_row>& rows) {
+  const auto lat_sizes = latency_sizes(quick);
+  std::cout << "# " << raw::describe_provider(provider) << "\n";
+  std::cerr << "measuring raw " << provider << " and ours, latency\n";
+  const auto polled_lat = raw::latency_us(provider, raw::transport::write_polled, lat_sizes, quick);
+  const ours_results o = measure_ours({provider, provider, false}, lat_sizes, {}, {}, quick);
+  add_rows(rows, prefix + "latency", metric::latency_us, lat_sizes, o.latency_polled,
+           {{"libfabric_write", polled_lat}});
+}
 
 void run_core_benchmark(const options& opts, std::vector<result_row>& rows) {
   const bool quick = opts.quick;

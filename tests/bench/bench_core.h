@@ -11,6 +11,7 @@
 // with the size sweeps of bench_common.h.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "bench_common.h"
@@ -19,5 +20,9 @@ namespace vmmc::bench {
 
 // Measures the core benchmark and appends its rows. Throws on failure.
 void run_core_benchmark(const options& opts, std::vector<result_row>& rows);
+// Only its latency rows for `provider`, under `prefix`, wherever
+// placement() puts the pair.
+void measure_core_latency_rows(bool quick, const std::string& provider, const std::string& prefix,
+                               std::vector<result_row>& rows);
 
 }  // namespace vmmc::bench

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <sstream>
@@ -62,8 +63,28 @@ double value(const job_result& r, const std::string& what, std::size_t size) {
 }  // namespace
 
 void run_nx_benchmark(const options& opts, std::vector<result_row>& rows) {
+  // mpirun's defaults otherwise (it binds each rank to a core when they fit;
+  // nxrun does the same); --oversubscribe only where there are more ranks.
+  const std::string mpirun =
+      "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun "
+      "--mca pml ob1 --mca btl self,vader ";
+  const long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
+  measure_nx_rows(
+      opts.quick, "nx/", {2, 4},
+      [](int nodes) { return std::string(VMMC_NXRUN) + " -n " + std::to_string(nodes) + " "; },
+      [&](int nodes) {
+        return mpirun + (nodes > cores ? "--oversubscribe -n " : "-n ") + std::to_string(nodes) +
+               " ";
+      },
+      rows);
+}
+
+void measure_nx_rows(bool quick, const std::string& prefix, const std::vector<int>& node_counts,
+                     const std::function<std::string(int)>& ours_launcher,
+                     const std::function<std::string(int)>& openmpi_launcher,
+                     std::vector<result_row>& rows) {
   std::vector<std::size_t> sizes;
-  if (opts.quick) {
+  if (quick) {
     sizes = {0, 64, 4096, 65536, 1 << 20, 8 << 20};
   } else {
     sizes.push_back(0);
@@ -74,23 +95,15 @@ void run_nx_benchmark(const options& opts, std::vector<result_row>& rows) {
   // between faster and slower placements (one-way latency 0.1 or 0.3 us),
   // at times in the middle of a run.
   const int runs = 3;
-  const std::string args = std::string(" ") + (opts.quick ? "1 " : "0 ") + join(sizes);
-  // mpirun's defaults otherwise (it binds each rank to a core when they fit;
-  // nxrun does the same); --oversubscribe only where there are more ranks.
-  const std::string mpirun =
-      "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun "
-      "--mca pml ob1 --mca btl self,vader ";
-  const long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
+  const std::string args = std::string(" ") + (quick ? "1 " : "0 ") + join(sizes);
 
-  for (int nodes : {2, 4}) {
+  for (int nodes : node_counts) {
     job_result ours, openmpi;
     for (int run = 0; run < runs; ++run) {
       std::cerr << "measuring nx and openmpi, " << nodes << " processes, run " << run + 1 << "\n";
-      keep_best(ours, run_job(std::string(VMMC_NXRUN) + " -n " + std::to_string(nodes) + " " +
-                              VMMC_NX_NODE + args));
+      keep_best(ours, run_job(ours_launcher(nodes) + VMMC_NX_NODE + args));
       if (std::string(VMMC_MPI_REFERENCE).empty()) continue;  // built without MPI: "-"
-      keep_best(openmpi, run_job(mpirun + (nodes > cores ? "--oversubscribe -n " : "-n ") +
-                                 std::to_string(nodes) + " " + VMMC_MPI_REFERENCE + args));
+      keep_best(openmpi, run_job(openmpi_launcher(nodes) + VMMC_MPI_REFERENCE + args));
     }
     if (nodes == 2) {
       std::vector<double> lat, lat_ref, bw, bw_ref;
@@ -103,13 +116,14 @@ void run_nx_benchmark(const options& opts, std::vector<result_row>& rows) {
         bw.push_back(static_cast<double>(s) / lat.back() / 1e3);
         bw_ref.push_back(static_cast<double>(s) / lat_ref.back() / 1e3);
       }
-      add_rows(rows, "nx/latency", metric::latency_us, sizes, lat, {{"openmpi", lat_ref}});
-      add_rows(rows, "nx/bandwidth", metric::bandwidth_GBps, bw_sizes, bw, {{"openmpi", bw_ref}});
+      add_rows(rows, prefix + "latency", metric::latency_us, sizes, lat, {{"openmpi", lat_ref}});
+      add_rows(rows, prefix + "bandwidth", metric::bandwidth_GBps, bw_sizes, bw,
+               {{"openmpi", bw_ref}});
     }
     const std::string suffix = "_" + std::to_string(nodes) + "p";
-    add_rows(rows, "nx/gdsum" + suffix, metric::latency_us, {8}, {value(ours, "gdsum", 1)},
+    add_rows(rows, prefix + "gdsum" + suffix, metric::latency_us, {8}, {value(ours, "gdsum", 1)},
              {{"openmpi", {value(openmpi, "gdsum", 1)}}});
-    add_rows(rows, "nx/gsync" + suffix, metric::latency_us, {0}, {value(ours, "gsync", 0)},
+    add_rows(rows, prefix + "gsync" + suffix, metric::latency_us, {0}, {value(ours, "gsync", 0)},
              {{"openmpi", {value(openmpi, "gsync", 0)}}});
   }
 }

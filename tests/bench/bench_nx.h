@@ -13,6 +13,8 @@
 // the same-host path.
 #pragma once
 
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "bench_common.h"
@@ -22,5 +24,14 @@ namespace vmmc::bench {
 // Measures the nx benchmark and appends its rows. Throws on failure
 // (a job that fails, or no mpirun/mpi_reference: then "openmpi" is missing).
 void run_nx_benchmark(const options& opts, std::vector<result_row>& rows);
+
+// The same rows under `prefix` for each count of `node_counts`, each job
+// started by the launcher's command for that count (followed by the program
+// and its arguments): nx_node by `ours_launcher`, mpi_reference by
+// `openmpi_launcher`.
+void measure_nx_rows(bool quick, const std::string& prefix, const std::vector<int>& node_counts,
+                     const std::function<std::string(int)>& ours_launcher,
+                     const std::function<std::string(int)>& openmpi_launcher,
+                     std::vector<result_row>& rows);
 
 }  // namespace vmmc::bench

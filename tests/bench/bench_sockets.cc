@@ -221,21 +221,15 @@ void prepare(int fd) {
   set_option<Api>(fd, SOL_SOCKET, SO_SNDTIMEO, timeout, "SO_SNDTIMEO");
 }
 
-sockaddr_in loopback(std::uint16_t port) {
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(port);
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  return address;
-}
-
-// A listener on an ephemeral loopback port; its SO_RCVTIMEO bounds accept().
+// A listener on an ephemeral port of the child's address (loopback unless
+// `vmmc-bench multihost` placed it on another host); its SO_RCVTIMEO
+// bounds accept().
 template <class Api>
 owned_fd<Api> open_listener(std::uint16_t& port) {
   owned_fd<Api> listener(check(Api::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), "socket"));
   const timeval timeout{io_timeout_s, 0};
   set_option<Api>(listener.get(), SOL_SOCKET, SO_RCVTIMEO, timeout, "SO_RCVTIMEO");
-  sockaddr_in address = loopback(0);
+  sockaddr_in address = child_address(0);
   socklen_t length = sizeof address;
   auto* generic = reinterpret_cast<sockaddr*>(&address);
   check(Api::bind(listener.get(), generic, length), "bind");
@@ -249,7 +243,7 @@ template <class Api>
 owned_fd<Api> connect_to(std::uint16_t port) {
   owned_fd<Api> fd(check(Api::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), "socket"));
   prepare<Api>(fd.get());
-  const sockaddr_in address = loopback(port);
+  const sockaddr_in address = child_address(port);
   check(Api::connect(fd.get(), reinterpret_cast<const sockaddr*>(&address), sizeof address),
         "connect");
   return fd;
@@ -728,8 +722,10 @@ socket_results measure_with_provider(const std::string& provider, bool quick) {
     ::close(fds[0]);
     int code = 0;
     try {
-      ::setenv("VMMC_CORE_MAPPED", provider == "shm" ? "1" : "0", 1);
-      ::setenv("VMMC_CORE_PROVIDERS", provider.c_str(), 1);
+      if (!provider.empty()) {
+        ::setenv("VMMC_CORE_MAPPED", provider == "shm" ? "1" : "0", 1);
+        ::setenv("VMMC_CORE_PROVIDERS", provider.c_str(), 1);
+      }
       socket_results kernel, ours;
       measure_sockets(quick, kernel, ours);
       for (const socket_results* r : {&kernel, &ours})
@@ -783,16 +779,15 @@ socket_results measure_with_provider(const std::string& provider, bool quick) {
 }
 }  // namespace
 
-void run_sockets_benchmark(const options& opts, std::vector<result_row>& rows) {
-  const bool quick = opts.quick;
+void measure_sockets_rows(bool quick, const std::string& provider, const std::string& prefix,
+                          std::vector<result_row>& rows) {
   // A peer that dies mid-write must surface as EPIPE, not kill us silently.
   ::signal(SIGPIPE, SIG_IGN);
-
-  for (const std::string& provider : opts.providers) {
-    std::cerr << "measuring kernel_tcp and ours (" << provider << "), alternately\n";
-    const socket_results ours = measure_with_provider(provider, quick);
-    const socket_results& kernel = *ours.kernel_reference;
-    const std::string prefix = provider == "shm" ? "sockets/" : "sockets-" + provider + "/";
+  std::cerr << "measuring kernel_tcp and ours ("
+            << (provider.empty() ? "default settings" : provider) << "), alternately\n";
+  const socket_results ours = measure_with_provider(provider, quick);
+  const socket_results& kernel = *ours.kernel_reference;
+  {
     add_rows(rows, prefix + "latency", metric::latency_us, ping_pong_sizes, ours.latency,
              {{"kernel_tcp", kernel.latency}});
     add_rows(rows, prefix + "bandwidth", metric::bandwidth_GBps, stream_sizes, ours.bandwidth,
@@ -804,6 +799,13 @@ void run_sockets_benchmark(const options& opts, std::vector<result_row>& rows) {
     add_rows(rows, prefix + "many_connections", metric::rate_per_s, {request_size},
              ours.requests_per_s, {{"kernel_tcp", kernel.requests_per_s}});
   }
+}
+
+void run_sockets_benchmark(const options& opts, std::vector<result_row>& rows) {
+  const bool quick = opts.quick;
+  for (const std::string& provider : opts.providers)
+    measure_sockets_rows(quick, provider,
+                         provider == "shm" ? "sockets/" : "sockets-" + provider + "/", rows);
   std::cerr << "measuring placement\n";
   const placement_results placement = measure_placement(quick);
   add_rows(rows, "sockets/placement", metric::bandwidth_GBps, {placement_size},

@@ -19,6 +19,7 @@
 // ignored: the sockets layer chooses its own path.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "bench_common.h"
@@ -27,5 +28,11 @@ namespace vmmc::bench {
 
 // Measures the sockets benchmark and appends its rows. Throws on failure.
 void run_sockets_benchmark(const options& opts, std::vector<result_row>& rows);
+
+// Its pair rows (latency .. many_connections) under `prefix`, ours with the
+// core settings for `provider` ("shm", "tcp"; empty: the defaults, as a user
+// runs it), wherever placement() puts the pair.
+void measure_sockets_rows(bool quick, const std::string& provider, const std::string& prefix,
+                          std::vector<result_row>& rows);
 
 }  // namespace vmmc::bench

@@ -30,9 +30,7 @@ constexpr int parallel_clients = 4;
 constexpr std::size_t max_payload = 16 << 20;
 
 CLIENT* make_client(transport t, const ports& p) {
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  sockaddr_in a = child_address(0);
   int sock = RPC_ANYSOCK;
   CLIENT* c = nullptr;
   switch (t) {
@@ -152,7 +150,10 @@ struct measured {
 }  // namespace
 
 void run_vrpc_benchmark(const options& opts, std::vector<result_row>& rows) {
-  const bool quick = opts.quick;
+  measure_vrpc_rows(opts.quick, "vrpc/", rows);
+}
+
+void measure_vrpc_rows(bool quick, const std::string& prefix, std::vector<result_row>& rows) {
   const std::vector<std::size_t> sizes =
       quick ? std::vector<std::size_t>{1 << 10, 64 << 10, 1 << 20, 16 << 20}
             : std::vector<std::size_t>{1 << 10,   4 << 10, 16 << 10, 64 << 10,
@@ -189,7 +190,7 @@ void run_vrpc_benchmark(const options& opts, std::vector<result_row>& rows) {
         link.send("stop");
       },
       [](peer_link& link) {
-        ports p = start_server(false);
+        ports p = start_server(false, child_address(0).sin_addr.s_addr);
         link.send_value(p);
         if (p.vmmc == 0) return;
         std::thread([] { svc_run(); }).detach();
@@ -200,14 +201,14 @@ void run_vrpc_benchmark(const options& opts, std::vector<result_row>& rows) {
   std::cout << "# vrpc: ours ran over " << path << "; calls_parallel uses " << parallel_clients
             << " client threads\n";
   const measured &ours = m[0], &tcp = m[1], &udp = m[2];
-  add_rows(rows, "vrpc/null_call", metric::latency_us, {0}, {ours.null_us},
+  add_rows(rows, prefix + "null_call", metric::latency_us, {0}, {ours.null_us},
            {{"libtirpc_tcp", {tcp.null_us}}, {"libtirpc_udp", {udp.null_us}}});
-  add_rows(rows, "vrpc/calls_parallel", metric::rate_per_s,
+  add_rows(rows, prefix + "calls_parallel", metric::rate_per_s,
            {static_cast<std::size_t>(parallel_clients)}, {ours.rate},
            {{"libtirpc_tcp", {tcp.rate}}, {"libtirpc_udp", {udp.rate}}});
-  add_rows(rows, "vrpc/args", metric::bandwidth_GBps, sizes, ours.args,
+  add_rows(rows, prefix + "args", metric::bandwidth_GBps, sizes, ours.args,
            {{"libtirpc_tcp", tcp.args}, {"libtirpc_udp", udp.args}});
-  add_rows(rows, "vrpc/results", metric::bandwidth_GBps, sizes, ours.results,
+  add_rows(rows, prefix + "results", metric::bandwidth_GBps, sizes, ours.results,
            {{"libtirpc_tcp", tcp.results}, {"libtirpc_udp", udp.results}});
 }
 

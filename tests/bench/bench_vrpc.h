@@ -13,6 +13,7 @@
 // 8800-byte UDP buffers). options::providers is ignored.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "bench_common.h"
@@ -21,5 +22,7 @@ namespace vmmc::bench {
 
 // Measures the vrpc benchmark and appends its rows. Throws on failure.
 void run_vrpc_benchmark(const options& opts, std::vector<result_row>& rows);
+// Its rows under `prefix`, wherever placement() puts the pair.
+void measure_vrpc_rows(bool quick, const std::string& prefix, std::vector<result_row>& rows);
 
 }  // namespace vmmc::bench

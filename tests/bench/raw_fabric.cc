@@ -70,7 +70,7 @@ class raw_endpoint {
     hints->tx_attr->msg_order = FI_ORDER_SAW | FI_ORDER_WAW | FI_ORDER_SAS;
     hints->fabric_attr->prov_name = strdup(prov.c_str());
     // tcp needs a local address; port 0 lets the listener pick one.
-    const char* node = short_provider == "tcp" ? "127.0.0.1" : nullptr;
+    const char* node = short_provider == "tcp" ? this_host_address().c_str() : nullptr;
     const int rc =
         fi_getinfo(FI_VERSION(1, 17), node, nullptr, node ? FI_SOURCE : 0, hints, &info_);
     fi_freeinfo(hints);

@@ -15,6 +15,7 @@
 
 #include "bench_common.h"
 #include "bench_core.h"
+#include "bench_multihost.h"
 #include "bench_nx.h"
 #include "bench_sockets.h"
 #include "bench_startup.h"
@@ -37,6 +38,7 @@ const std::vector<benchmark>& benchmarks() {
       {"nx", vmmc::bench::run_nx_benchmark},
       {"vrpc", vmmc::bench::run_vrpc_benchmark},
       {"startup", vmmc::bench::run_startup_benchmark},
+      {"multihost", vmmc::bench::run_multihost_benchmark},
   };
   return all;
 }

@@ -134,26 +134,28 @@ struct ports {
   unsigned short udp = 0, tcp = 0, vmmc = 0;
 };
 
-inline int loopback_socket(int type) {
+// A socket bound to `address` (network order), any port.
+inline int bound_socket(int type, in_addr_t address) {
   int fd = socket(AF_INET, type, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_addr.s_addr = address;
   bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
   if (type == SOCK_STREAM) listen(fd, SOMAXCONN);
   return fd;
 }
 
-// Creates the three transports on loopback and registers `dispatch` on
-// each; returns their ports (all 0 on failure). With `portmap`, the vRPC
-// transport is registered with rpcbind as the program's TCP transport (and
-// UDP as its UDP one). The caller then runs svc_run().
-inline ports start_server(bool portmap) {
-  SVCXPRT* udp = svcudp_create(loopback_socket(SOCK_DGRAM));
-  SVCXPRT* tcp = svctcp_create(loopback_socket(SOCK_STREAM), 0, 0);
+// Creates the three transports on `address` (network order; loopback by
+// default) and registers `dispatch` on each; returns their ports (all 0 on
+// failure). With `portmap`, the vRPC transport is registered with rpcbind as
+// the program's TCP transport (and UDP as its UDP one). The caller then
+// runs svc_run().
+inline ports start_server(bool portmap, in_addr_t address = htonl(INADDR_LOOPBACK)) {
+  SVCXPRT* udp = svcudp_create(bound_socket(SOCK_DGRAM, address));
+  SVCXPRT* tcp = svctcp_create(bound_socket(SOCK_STREAM, address), 0, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_addr.s_addr = address;
   SVCXPRT* vmmc = svc_vmmc_create(&a);
   if (!udp || !tcp || !vmmc) return {};
   if (portmap) pmap_unset(program, version);

@@ -414,7 +414,8 @@ TEST_F(vrpc, malformed_calls_are_rejected_and_others_still_served) {
 TEST_F(vrpc, creation_errors_are_reported) {
   EXPECT_EQ(clnt_vmmc_create("no-such-host.invalid", program, version, 1), nullptr);
   EXPECT_EQ(rpc_createerr.cf_stat, RPC_UNKNOWNHOST);
-  int fd = loopback_socket(SOCK_DGRAM);  // a port with no TCP listener: connection refused
+  int fd = bound_socket(SOCK_DGRAM,
+                        htonl(INADDR_LOOPBACK));  // a port with no TCP listener: connection refused
   sockaddr_in a{};
   socklen_t length = sizeof a;
   getsockname(fd, reinterpret_cast<sockaddr*>(&a), &length);
