@@ -477,6 +477,9 @@ class fabric_endpoint final : public registrar {
   bool prov_key_ = false;
   bool local_mr_ = false;
   bool inject_with_context_ = false;  // see inject_write()
+  // The context every such inject carries: nothing waits for it, so it
+  // needs no op of its own (no allocation, no in-flight entry per write).
+  op inject_marker_;
   // shm's large writes are pulled by the target (CMA or its SAR buffers):
   // their completion waits for the target process to progress.
   bool completion_needs_peer_ = false;

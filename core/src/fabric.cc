@@ -293,6 +293,9 @@ void fabric_endpoint::give_bounce_slot(int slot) { free_bounce_.push_back(slot);
 // killed). There we post with FI_INJECT | FI_COMPLETION: the provider still
 // copies the source before returning, and every completion carries a context
 // (at a cost: 64-byte streaming over tcp halves). Other providers inject.
+// The context is one marker for all of them: an inject is done when the
+// post returns, and a failed one is its peer's failure, which the peer's
+// control connection reports.
 status fabric_endpoint::inject_write(fi_addr_t peer, const void* source, std::size_t length,
                                      std::uint64_t remote_address, std::uint64_t key,
                                      const std::atomic<bool>& peer_alive) {
@@ -300,8 +303,6 @@ status fabric_endpoint::inject_write(fi_addr_t peer, const void* source, std::si
     return post_retrying(
         [&] { return fi_inject_write(ep_, source, length, peer, remote_address, key); },
         peer_alive);
-  auto o = std::make_shared<op>();
-  begin(o);  // its one part is the post itself: the completion finishes it
   iovec iov{const_cast<void*>(source), length};
   fi_rma_iov rma{remote_address, length, key};
   fi_msg_rma msg{};
@@ -310,11 +311,9 @@ status fabric_endpoint::inject_write(fi_addr_t peer, const void* source, std::si
   msg.addr = peer;
   msg.rma_iov = &rma;
   msg.rma_iov_count = 1;
-  msg.context = o.get();
-  status s = post_retrying([&] { return fi_writemsg(ep_, &msg, FI_INJECT | FI_COMPLETION); },
-                           peer_alive);
-  if (!s) finish_posting(o, s.error());  // nothing was posted: no completion will come
-  return s;
+  msg.context = &inject_marker_;
+  return post_retrying([&] { return fi_writemsg(ep_, &msg, FI_INJECT | FI_COMPLETION); },
+                       peer_alive);
 }
 
 // A part of `o` that owns bounce slot `slot` and completes into `o`.
@@ -472,7 +471,8 @@ std::size_t fabric_endpoint::progress_locked() {
       if (err.op_context) {
         VMMC_WARN("%s completion error: %s", short_name_.c_str(),
                   fi_cq_strerror(cq_, err.prov_errno, err.err_data, nullptr, 0));
-        complete(static_cast<op*>(err.op_context), fabric_error_code(-err.err));
+        if (err.op_context != &inject_marker_)
+          complete(static_cast<op*>(err.op_context), fabric_error_code(-err.err));
       }
       ++handled;
       continue;
@@ -482,7 +482,7 @@ std::size_t fabric_endpoint::progress_locked() {
       const fi_cq_data_entry& e = entries[i];
       if (e.flags & FI_REMOTE_CQ_DATA)
         sink_(e.data);  // a notification record landed in one of our rings
-      else if (e.op_context)
+      else if (e.op_context && e.op_context != &inject_marker_)
         complete(static_cast<op*>(e.op_context), {});
     }
     handled += static_cast<std::size_t>(n);
