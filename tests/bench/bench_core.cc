@@ -15,6 +15,7 @@
 #include <sys/mman.h>
 
 #include <atomic>
+#include <cmath>
 #include <iostream>
 #include <map>
 #include <optional>
@@ -326,11 +327,23 @@ void measure_core_latency_rows(bool quick, const std::string& provider, const st
                                std::vector<result_row>& rows) {
   const auto lat_sizes = latency_sizes(quick);
   std::cout << "# " << raw::describe_provider(provider) << "\n";
-  std::cerr << "measuring raw " << provider << " and ours, latency\n";
-  const auto polled_lat = raw::latency_us(provider, raw::transport::write_polled, lat_sizes, quick);
-  const ours_results o = measure_ours({provider, provider, false}, lat_sizes, {}, {}, quick);
-  add_rows(rows, prefix + "latency", metric::latency_us, lat_sizes, o.latency_polled,
-           {{"libfabric_write", polled_lat}});
+  // Raw and ours alternate, each figure the best of its rounds: the machine's
+  // state drifts between runs (raw 8 B one-way 5.9 us in one run, 8.5 in the
+  // next across the same veth).
+  std::vector<double> raw_best(lat_sizes.size(), not_measured),
+      ours_best(lat_sizes.size(), not_measured);
+  auto keep_min = [](std::vector<double>& best, const std::vector<double>& got) {
+    for (std::size_t i = 0; i < best.size() && i < got.size(); ++i)
+      if (std::isnan(best[i]) || got[i] < best[i]) best[i] = got[i];
+  };
+  for (int round = 0; round < 3; ++round) {
+    std::cerr << "measuring raw " << provider << " and ours, latency, round " << round + 1 << "\n";
+    keep_min(raw_best, raw::latency_us(provider, raw::transport::write_polled, lat_sizes, quick));
+    keep_min(ours_best,
+             measure_ours({provider, provider, false}, lat_sizes, {}, {}, quick).latency_polled);
+  }
+  add_rows(rows, prefix + "latency", metric::latency_us, lat_sizes, ours_best,
+           {{"libfabric_write", raw_best}});
 }
 
 void run_core_benchmark(const options& opts, std::vector<result_row>& rows) {
