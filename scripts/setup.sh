@@ -10,6 +10,7 @@ packages=(build-essential cmake pkg-config libfabric-dev libfabric-bin libboost-
           libtirpc-dev libgtest-dev iproute2 iputils-ping  # ping: tests/multihost
           rpcbind rpcsvc-proto                        # vrpc: rpcinfo/portmapper, rpcgen
           openmpi-bin libopenmpi-dev libpmix-dev      # nx: mpirun reference and PMIx launch
+          slurmd slurmctld slurm-client munge         # nx: srun across hosts (tests/multihost)
           gfortran                                    # nx: the Fortran interface's test
           sockperf iperf3 redis-server redis-tools    # preload demo: unmodified Debian programs
           nginx apache2-utils curl socat openssh-server openssh-client

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# tests/multihost/nx_srun.sh BUILD: NX across simulated hosts under Slurm's
+# srun with nothing but srun's own options (issue 15, item 5), as
+# nx_mpirun.sh under mpirun. Three hosts on a bridge
+# (tests/support/bridged_hosts.sh): slurmctld on host c, a slurmd on hosts a
+# and b, each daemon in its namespace with its own host name (UTS) and /tmp
+# (Slurm's PMIx plugin keeps a job's directory there, named by job only),
+# one munged for all (its socket is a path, which every namespace reaches),
+# made and removed here; srun --mpi=pmix on host c. examples/nx_jacobi must
+# agree with its serial result and nx_pingpong must complete, the pair on
+# kernel TCP (no RDMA device: asserted from nx's log). Exit 77 (skip) where
+# namespaces cannot be created or Slurm or munge is missing.
+set -euo pipefail
+build=$(realpath "$1")
+here=$(cd "$(dirname "$0")" && pwd)
+for p in slurmd slurmctld srun sinfo munged unshare; do
+  command -v $p > /dev/null || { echo "no $p"; exit 77; }
+done
+[[ -r /etc/munge/munge.key ]] || { echo "no munge key"; exit 77; }
+. "$here/../support/bridged_hosts.sh"
+prefix=vmmc-sr-$$ net=10.243.$(($$ % 200))
+# Not under /tmp: each daemon gets a /tmp of its own.
+work=$(mktemp -d /var/tmp/vmmc-srun-XXXXXX)
+daemons=()
+cleanup() {
+  local p
+  for p in "${daemons[@]}"; do kill "$p" 2> /dev/null || true; done
+  for p in "${daemons[@]}"; do wait "$p" 2> /dev/null || true; done
+  remove_bridged_hosts "$prefix" a b c
+  rm -rf "$work"
+}
+trap cleanup EXIT
+bridged_hosts "$prefix" "$net" a b c
+scale=${VMMC_TEST_TIME_SCALE:-1}
+lifetime=$((180 * scale))  # every daemon ends by itself after this
+
+timeout "$lifetime" munged -F --force --socket="$work/munge.sock" --key-file=/etc/munge/munge.key \
+  --pid-file="$work/munged.pid" --log-file="$work/munged.log" --seed-file="$work/munged.seed" \
+  > "$work/munged.out" 2>&1 &
+daemons+=($!)
+mkdir -p "$work/ctld" "$work/spool-a" "$work/spool-b"
+cat > "$work/slurm.conf" <<CONF
+ClusterName=vmmc-test
+SlurmctldHost=c($net.3)
+AuthType=auth/munge
+AuthInfo=socket=$work/munge.sock
+CredType=cred/munge
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation=$work/ctld
+SlurmdSpoolDir=$work/spool-%n
+SlurmctldPidFile=$work/ctld.pid
+SlurmdPidFile=$work/slurmd-%n.pid
+SlurmctldLogFile=$work/ctld.log
+SlurmdLogFile=$work/slurmd-%n.log
+ProctrackType=proctrack/pgid
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+SchedulerType=sched/builtin
+SelectType=select/linear
+ReturnToService=2
+NodeName=a NodeAddr=$net.1 CPUs=$(nproc) State=UNKNOWN
+NodeName=b NodeAddr=$net.2 CPUs=$(nproc) State=UNKNOWN
+PartitionName=test Nodes=a,b Default=YES MaxTime=INFINITE State=UP
+CONF
+# Slurm 22.05's slurmd starts its cgroup plugin even for proctrack/pgid; it
+# needs the v1 freezer hierarchy mounted (it creates nothing in it here).
+echo "CgroupPlugin=cgroup/v1" > "$work/cgroup.conf"
+export SLURM_CONF=$work/slurm.conf
+for _ in $(seq 50); do [[ -S $work/munge.sock ]] && break; sleep 0.1; done
+
+# on_host <host> <command>: a daemon with the host's name and its own /tmp.
+on_host() {
+  local host=$1
+  shift
+  ip netns exec "$prefix-$host" unshare --uts sh -c \
+    "hostname $host && mount -t tmpfs none /tmp && $* " > "$work/$host.out" 2>&1 &
+  daemons+=($!)
+}
+on_host c "exec timeout $lifetime slurmctld -D -i"
+for host in a b; do
+  on_host $host "mount -t tmpfs none /sys/fs/cgroup && mkdir /sys/fs/cgroup/freezer &&
+    mount -t cgroup -o freezer none /sys/fs/cgroup/freezer && exec timeout $lifetime slurmd -D"
+done
+for _ in $(seq 150); do
+  ip netns exec "$prefix-c" sinfo -h -o "%T %D" 2> /dev/null | grep -q "^idle 2$" && break
+  sleep 0.2
+done
+if ! ip netns exec "$prefix-c" sinfo -h -o "%T %D" 2> /dev/null | grep -q "^idle 2$"; then
+  echo "FAIL: the Slurm nodes did not come up"
+  ip netns exec "$prefix-c" sinfo 2>&1 || true
+  tail -n 5 "$work"/*.out
+  exit 1
+fi
+
+# srun passes the caller's environment to the tasks, as usual.
+job() {
+  local seconds=$1
+  shift
+  ip netns exec "$prefix-c" env VMMC_CORE_LOG_LEVEL=3 timeout "$seconds" \
+    srun -N 2 -n 2 --mpi=pmix "$@"
+}
+problem=
+if ! job $((60 * scale)) "$build/examples/nx_jacobi" > "$work/jacobi" 2>&1; then
+  problem+=" nx_jacobi failed;"
+fi
+grep "^jacobi" "$work/jacobi" || true
+grep -q "^jacobi .* on 2 nodes: .*: ok$" "$work/jacobi" ||
+  problem+=" nx_jacobi did not agree with its serial result;"
+if ! job $((60 * scale)) "$build/examples/nx_pingpong" 65536 200 > "$work/pingpong" 2>&1; then
+  problem+=" nx_pingpong failed;"
+fi
+grep -E "^ +[0-9]+ |^nx: node [01] <->" "$work/pingpong" | head -n 5 || true
+grep -q "^nx: node 0 <-> node 1: kernel TCP" "$work/pingpong" ||
+  problem+=" the nodes did not take kernel TCP to each other;"
+if [[ -n $problem ]]; then
+  echo "FAIL:$problem"
+  grep -v "^vmmc" "$work/jacobi" | tail -n 15
+  grep -v "^vmmc" "$work/pingpong" | tail -n 8
+  tail -n 5 "$work/slurmd-a.log" "$work/slurmd-b.log" 2> /dev/null || true
+  exit 1
+fi
+echo "ok: NX across hosts under srun, no vmmc settings"
