@@ -1198,16 +1198,16 @@ void runtime::handler_thread_main() {
     int timeout_ms = bell_->fd() < 0 ? 1 : 100;
     const bool armed = !serving || failure_ || arm_doorbell(timeout_ms);
     if (!serving) timeout_ms = kick_fd_ >= 0 ? -1 : 100;  // no eventfd: look now and then
+    // The doorbell and the TCP lanes, and the program's kick after it slept
+    // in a call; taken while the lock is held (the program's calls arm too).
+    std::vector<pollfd> f{{kick_fd_, POLLIN, 0}};
+    if (serving && armed) {
+      f.push_back({bell_->fd(), POLLIN, 0});
+      if (!failure_) f.insert(f.end(), lane_fds_.begin(), lane_fds_.end());
+    }
     call_locked = false;
     lock.unlock();
     if (armed) {
-      // The doorbell and the TCP lanes, and the program's kick after it
-      // slept in a call.
-      std::vector<pollfd> f{{kick_fd_, POLLIN, 0}};
-      if (serving) {
-        f.push_back({bell_->fd(), POLLIN, 0});
-        f.insert(f.end(), lane_fds_.begin(), lane_fds_.end());
-      }
       ::poll(f.data(), f.size(), timeout_ms);
     } else {
       // Something is on its way: let it land without taking the lock back
