@@ -60,28 +60,13 @@ job() {
     OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --host "$prefix-a,$prefix-b" -n 2 \
     --mca plm_rsh_agent "$work/agent" "${forward[@]}" "$@"
 }
+. "$here/nx_jobs.sh"
+scale=${VMMC_TEST_TIME_SCALE:-1}
 problem=
-export VMMC_CORE_LOG_LEVEL=3  # only to see where the nodes listen
-if ! job 60 "$build/examples/nx_jacobi" > "$work/jacobi" 2>&1; then
-  problem+=" nx_jacobi failed;"
-fi
-grep "^jacobi" "$work/jacobi" || true
-grep -q "^jacobi .* on 2 nodes: .*: ok$" "$work/jacobi" || problem+=" nx_jacobi did not agree with its serial result;"
+export VMMC_CORE_LOG_LEVEL=3  # where the nodes listen, which path each pair took
+nx_jobs
 for ip in "$net.1" "$net.2"; do
   grep -q "remote peers reach this context at $ip\$" "$work/jacobi" ||
     problem+=" no node listened on $ip;"
 done
-if ! job 60 "$build/examples/nx_pingpong" 65536 200 > "$work/pingpong" 2>&1; then
-  problem+=" nx_pingpong failed;"
-fi
-grep -E "^ +[0-9]+ |^nx: node" "$work/pingpong" | head -n 5 || true
-# No RDMA device here: the pair must have taken kernel TCP (issue 15, item 3).
-grep -q "^nx: node 0 <-> node 1: kernel TCP" "$work/pingpong" ||
-  problem+=" the nodes did not take kernel TCP to each other;"
-if [[ -n $problem ]]; then
-  echo "FAIL:$problem"
-  grep -v "^vmmc" "$work/jacobi" | tail -n 15
-  grep -v "^vmmc" "$work/pingpong" | tail -n 8
-  exit 1
-fi
-echo "ok: NX across hosts under mpirun, no vmmc settings"
+nx_jobs_verdict mpirun

@@ -100,24 +100,8 @@ job() {
   ip netns exec "$prefix-c" env VMMC_CORE_LOG_LEVEL=3 timeout "$seconds" \
     srun -N 2 -n 2 --mpi=pmix "$@"
 }
+. "$here/nx_jobs.sh"
 problem=
-if ! job $((60 * scale)) "$build/examples/nx_jacobi" > "$work/jacobi" 2>&1; then
-  problem+=" nx_jacobi failed;"
-fi
-grep "^jacobi" "$work/jacobi" || true
-grep -q "^jacobi .* on 2 nodes: .*: ok$" "$work/jacobi" ||
-  problem+=" nx_jacobi did not agree with its serial result;"
-if ! job $((60 * scale)) "$build/examples/nx_pingpong" 65536 200 > "$work/pingpong" 2>&1; then
-  problem+=" nx_pingpong failed;"
-fi
-grep -E "^ +[0-9]+ |^nx: node [01] <->" "$work/pingpong" | head -n 5 || true
-grep -q "^nx: node 0 <-> node 1: kernel TCP" "$work/pingpong" ||
-  problem+=" the nodes did not take kernel TCP to each other;"
-if [[ -n $problem ]]; then
-  echo "FAIL:$problem"
-  grep -v "^vmmc" "$work/jacobi" | tail -n 15
-  grep -v "^vmmc" "$work/pingpong" | tail -n 8
-  tail -n 5 "$work/slurmd-a.log" "$work/slurmd-b.log" 2> /dev/null || true
-  exit 1
-fi
-echo "ok: NX across hosts under srun, no vmmc settings"
+nx_jobs
+[[ -z $problem ]] || tail -n 5 "$work/slurmd-a.log" "$work/slurmd-b.log" 2> /dev/null || true
+nx_jobs_verdict srun
