@@ -3,8 +3,8 @@
 # srun with nothing but srun's own options (issue 15, item 5), as
 # nx_mpirun.sh under mpirun. Three hosts on a bridge
 # (tests/support/bridged_hosts.sh): slurmctld on host c, a slurmd on hosts a
-# and b, each daemon in its namespace with its own host name (UTS) and /tmp
-# (Slurm's PMIx plugin keeps a job's directory there, named by job only),
+# and b, each daemon in its namespace with its own host name (UTS) and
+# PMIx directory (Slurm's PMIx plugin names a job's directory by job only),
 # one munged for all (its socket is a path, which every namespace reaches),
 # made and removed here; srun --mpi=pmix on host c. examples/nx_jacobi must
 # agree with its serial result and nx_pingpong must complete, the pair on
@@ -19,15 +19,14 @@ done
 [[ -r /etc/munge/munge.key ]] || { echo "no munge key"; exit 77; }
 . "$here/../support/bridged_hosts.sh"
 prefix=vmmc-sr-$$ net=10.243.$(($$ % 200))
-# Not under /tmp: each daemon gets a /tmp of its own.
-work=$(mktemp -d /var/tmp/vmmc-srun-XXXXXX)
+work=$(mktemp -d)
 daemons=()
 cleanup() {
   local p
   for p in "${daemons[@]}"; do kill "$p" 2> /dev/null || true; done
   for p in "${daemons[@]}"; do wait "$p" 2> /dev/null || true; done
   remove_bridged_hosts "$prefix" a b c
-  rm -rf "$work"
+  [[ -n ${KEEP:-} ]] || rm -rf "$work"
 }
 trap cleanup EXIT
 bridged_hosts "$prefix" "$net" a b c
@@ -66,21 +65,27 @@ CONF
 # Slurm 22.05's slurmd starts its cgroup plugin even for proctrack/pgid; it
 # needs the v1 freezer hierarchy mounted (it creates nothing in it here).
 echo "CgroupPlugin=cgroup/v1" > "$work/cgroup.conf"
+echo "PMIxCliTmpDirBase=$work/pmix" > "$work/mpi.conf"
+mkdir -p "$work/pmix"
 export SLURM_CONF=$work/slurm.conf
 for _ in $(seq 50); do [[ -S $work/munge.sock ]] && break; sleep 0.1; done
 
-# on_host <host> <command>: a daemon with the host's name and its own /tmp.
+# on_host <host> <command>: a daemon with the host's name.
 on_host() {
   local host=$1
   shift
-  ip netns exec "$prefix-$host" unshare --uts sh -c \
-    "hostname $host && mount -t tmpfs none /tmp && $* " > "$work/$host.out" 2>&1 &
+  ip netns exec "$prefix-$host" unshare --uts sh -c "hostname $host && $* " \
+    > "$work/$host.out" 2>&1 &
   daemons+=($!)
 }
 on_host c "exec timeout $lifetime slurmctld -D -i"
 for host in a b; do
+  # The PMIx plugin's directories (mpi.conf) are each slurmd's own, as on
+  # separate hosts: it names them by job only, and two slurmds sharing
+  # /tmp collided on them.
   on_host $host "mount -t tmpfs none /sys/fs/cgroup && mkdir /sys/fs/cgroup/freezer &&
-    mount -t cgroup -o freezer none /sys/fs/cgroup/freezer && exec timeout $lifetime slurmd -D"
+    mount -t cgroup -o freezer none /sys/fs/cgroup/freezer &&
+    mount -t tmpfs none $work/pmix && exec timeout $lifetime slurmd -D"
 done
 for _ in $(seq 150); do
   ip netns exec "$prefix-c" sinfo -h -o "%T %D" 2> /dev/null | grep -q "^idle 2$" && break
