@@ -172,8 +172,10 @@ bool tcp_stream::gone() {
 void tcp_stream::close_write() {
   (void)::shutdown(fd_, SHUT_WR);
   // What the peer sent and nobody will read would make our kernel answer
-  // its later segments, and our close, with a reset: take it in now.
-  while (begin_ != end_ || fill()) begin_ = end_;
+  // its later segments, and our close, with a reset: take in what is there
+  // now (bounded: a peer that keeps sending does not hold the exit).
+  begin_ = end_;
+  for (int i = 0; i < 256 && fill(); ++i) begin_ = end_;
 }
 
 // ---------------------------------------------------------------- set-up
