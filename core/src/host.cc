@@ -86,6 +86,7 @@ std::string address_other_hosts_reach() {
   return "127.0.0.1";
 }
 
+namespace {
 bool rdma_device_present() {
   static const bool present = [] {
     if (DIR* d = ::opendir("/sys/class/infiniband")) {
@@ -98,6 +99,12 @@ bool rdma_device_present() {
     return ::access("/dev/cxi0", F_OK) == 0 || ::access("/dev/hfi1_0", F_OK) == 0;
   }();
   return present;
+}
+}  // namespace
+
+bool kernel_tcp_to_other_hosts(std::string_view mode) {
+  if (mode == "fabric") return false;
+  return mode == "tcp" || !rdma_device_present();
 }
 
 }  // namespace vmmc::core

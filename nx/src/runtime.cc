@@ -42,12 +42,6 @@ const core::setting remote{"nx", "remote", core::setting_type::string, "auto",
 // clang-format on
 const core::setting table[] = {spin_us, start_timeout_ms, print_stats, remote};
 
-// Whether this node takes peers on other hosts over kernel TCP (lane.h).
-bool kernel_tcp_to_other_hosts() {
-  const std::string mode = core::setting_string(remote);
-  if (mode == "fabric") return false;
-  return mode == "tcp" || !core::rdma_device_present();
-}
 struct registrar {
   registrar() { core::register_settings(table); }
 } const register_once;
@@ -177,7 +171,7 @@ bool runtime::start() {
   // pairs stay on the fabric.
   std::optional<tcp_listener> lanes;
   const std::string lane_key = tcp_key();
-  if (boot_->spans_hosts() && kernel_tcp_to_other_hosts()) {
+  if (boot_->spans_hosts() && core::kernel_tcp_to_other_hosts(core::setting_string(remote))) {
     auto l = tcp_listener::open(options.local_address);
     if (l)
       lanes.emplace(std::move(*l));

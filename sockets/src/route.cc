@@ -94,10 +94,8 @@ std::optional<fallback> keep_on_tcp(int fd) {
 
 std::optional<fallback> keep_on_tcp_to(bool peer_here) {
   static const std::string mode = core::setting_string(settings::remote);
-  if (mode == "fabric" || peer_here) return std::nullopt;
-  if (mode == "tcp") return fallback::remote_tcp;
-  if (core::rdma_device_present()) return std::nullopt;
-  return fallback::remote_no_rdma;
+  if (peer_here || !core::kernel_tcp_to_other_hosts(mode)) return std::nullopt;
+  return mode == "tcp" ? fallback::remote_tcp : fallback::remote_no_rdma;
 }
 
 }  // namespace vmmc::sockets::detail

@@ -41,11 +41,13 @@ struct host_identity {
 // other hosts are known but no connection to them (NX under a launcher).
 std::string address_other_hosts_reach();
 
-// Whether this host has a device a fabric provider can offload to (verbs,
-// efa and usnic under /sys/class/infiniband, HPE Slingshot's cxi,
-// Omni-Path's hfi1). Without one, a provider to another host (tcp) is
-// kernel TCP plus its own framing and progress: it can only lose to the
-// kernel TCP it would replace, so layers keep such peers on kernel TCP.
-bool rdma_device_present();
+// Whether peers on another host keep kernel TCP, by a layer's setting for
+// them (VMMC_SOCKETS_REMOTE, VMMC_NX_REMOTE): "fabric" never, "tcp" always,
+// anything else ("auto") unless this host has a device a fabric provider can
+// offload to (verbs, efa and usnic under /sys/class/infiniband, HPE
+// Slingshot's cxi, Omni-Path's hfi1). Without one, a provider to another
+// host (tcp) is kernel TCP plus its own framing and progress: it can only
+// lose to the kernel TCP it would replace. One rule for every layer.
+bool kernel_tcp_to_other_hosts(std::string_view mode);
 
 }  // namespace vmmc::core
