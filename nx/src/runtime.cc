@@ -179,8 +179,11 @@ bool runtime::start() {
       std::fprintf(stderr, "nx: no kernel TCP lanes on %s (%s): other hosts over the fabric\n",
                    options.local_address.c_str(), l.error().message().c_str());
   }
+  // At the debug level each node says where it takes kernel TCP and which
+  // path each pair took.
+  const bool say_paths = core::setting_integer(core::settings::log_level) >= 3;
   if (lanes) {
-    if (core::setting_integer(core::settings::log_level) >= 3)
+    if (say_paths)
       std::fprintf(stderr, "nx: node %ld takes kernel TCP from other hosts at %s\n", node_,
                    lanes->where().c_str());
     // Other hosts then need no fabric provider: shm serves this host's
@@ -260,7 +263,7 @@ bool runtime::start() {
       p.mail.reset();
       tcp_peers[static_cast<std::size_t>(j)] = true;
     }
-    if (core::setting_integer(core::settings::log_level) >= 3)
+    if (say_paths)
       std::fprintf(stderr, "nx: node %ld <-> node %ld: %s\n", node_, j,
                    tcp_peers[static_cast<std::size_t>(j)] ? "kernel TCP (another host, and the "
                                                             "fabric cannot beat kernel TCP to it)"

@@ -247,9 +247,6 @@ class runtime {
   // its way already (poll again instead of sleeping). `timeout_ms` becomes
   // 1 when a peer cannot ring (other host).
   bool arm_doorbell(int& timeout_ms);
-  // Where a sleeper must look besides its doorbell (TCP lanes), as the
-  // last arm_doorbell() found.
-  std::vector<pollfd> lane_fds_;
   void serve_handlers();
   void start_handler_thread();
   void stop_handler_thread();
@@ -268,6 +265,9 @@ class runtime {
   std::unique_ptr<bootstrap> boot_;
   std::optional<core::context> context_;
   std::unique_ptr<doorbell> bell_;
+  // Where a sleeper must look besides its doorbell (TCP lanes), as the
+  // last arm_doorbell() found.
+  std::vector<pollfd> lane_fds_;
   std::vector<peer> peers_;
   long node_ = 0, nodes_ = 1;
   std::vector<request*> posted_;  // in posting order
