@@ -4,11 +4,9 @@
 
 #include <fcntl.h>
 #include <sched.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
-#include <fstream>
 #include <iostream>
 #include <stdexcept>
 #include <string>
@@ -21,43 +19,30 @@
 namespace vmmc::bench {
 namespace {
 
-void sh(const std::string& command) {
-  if (std::system((command + " > /dev/null 2>&1").c_str()) != 0)
-    throw std::runtime_error("failed: " + command);
+// The tests' own scripts (tests/support) make the hosts and enter them.
+const std::string support = std::string(VMMC_SOURCE_DIR) + "/tests/support/";
+
+// Runs `script` after sourcing tests/support/bridged_hosts.sh.
+int with_bridged_hosts(const std::string& script) {
+  return std::system(("bash -c 'set -e; . " + support + "bridged_hosts.sh; " + script + "'").c_str());
 }
 
 // Hosts a, b and c: a network namespace each ("<prefix>-a" ...), at
-// <net>.1, .2, .3 on a bridge in a namespace of its own; removed again on
+// <net>.1, .2, .3 on a bridge (bridged_hosts.sh); removed again on
 // destruction (also when a measurement throws).
 class simulated_hosts {
  public:
   simulated_hosts() : prefix_("vmmc-bench-" + std::to_string(::getpid())) {
     net_ = "10.237." + std::to_string(::getpid() % 200);
-    if (std::system(("ip netns add " + prefix_ + "-wire 2> /dev/null").c_str()) != 0)
-      throw std::runtime_error("cannot create network namespaces (the benchmark needs root)");
-    try {
-      sh("ip -n " + prefix_ + "-wire link add br0 type bridge");
-      sh("ip -n " + prefix_ + "-wire link set br0 up");
-      int i = 0;
-      for (const char* h : {"a", "b", "c"}) {
-        ++i;
-        const std::string ns = name(h);
-        sh("ip netns add " + ns);
-        sh("ip link add " + std::string(h) + "0 netns " + ns + " type veth peer name w" + h +
-           " netns " + prefix_ + "-wire");
-        sh("ip -n " + ns + " addr add " + net_ + "." + std::to_string(i) + "/24 dev " + h + "0");
-        sh("ip -n " + ns + " link set lo up");
-        sh("ip -n " + ns + " link set " + h + "0 up");
-        sh("ip -n " + prefix_ + "-wire link set w" + h + " master br0 up");
-      }
-      // The bridge forwards once its ports have learned: wait until a and
-      // b reach c (mpirun's daemons call it back).
-      for (const char* h : {"a", "b"})
-        sh("for i in $(seq 50); do ip netns exec " + name(h) + " ping -c 1 -W 1 " + address("c") +
-           " > /dev/null && exit 0; sleep 0.1; done; exit 1");
-    } catch (...) {
+    const int made = with_bridged_hosts("bridged_hosts " + prefix_ + " " + net_ + " a b c");
+    if (made != 0) {
       remove();
-      throw;
+      throw std::runtime_error("cannot create network namespaces (the benchmark needs root)");
+    }
+    // mpirun's daemons call it back from a and b as they start.
+    if (with_bridged_hosts("hosts_reach " + prefix_ + " " + address("c") + " a b") != 0) {
+      remove();
+      throw std::runtime_error("the simulated hosts a and b do not reach host c");
     }
   }
   ~simulated_hosts() { remove(); }
@@ -77,36 +62,27 @@ class simulated_hosts {
   }
 
  private:
-  void remove() const {
-    for (const char* h : {"a", "b", "c", "wire"})
-      (void)std::system(("ip netns del " + prefix_ + "-" + h + " 2> /dev/null").c_str());
-  }
+  void remove() const { (void)with_bridged_hosts("remove_bridged_hosts " + prefix_ + " a b c"); }
 
   std::string prefix_, net_;
 };
 
-// mpirun's rsh agent: "agent HOST COMMAND...", HOST a namespace (what ssh
-// is between real hosts), each host with a /tmp of its own for Open MPI's
-// session files (the hosts share a host name: two daemons writing one
-// topology file crashed in hwloc_shmem_topology_write); all removed on
-// destruction.
+// mpirun's rsh agent (tests/support/netns_rsh_agent) and the directory it
+// gives each host for Open MPI's session files (VMMC_AGENT_TMPDIR, in the
+// environment mpirun passes it); removed on destruction.
 class rsh_agent {
  public:
   rsh_agent() {
     char dir[] = "/tmp/vmmc-bench-agent-XXXXXX";
     if (!::mkdtemp(dir)) throw std::runtime_error("mkdtemp failed");
     dir_ = dir;
-    path_ = dir_ + "/agent";
-    std::ofstream(path_) << "#!/bin/sh\nhost=$1\nshift\nmkdir -p " << dir_
-                         << "/$host\nexec ip netns exec \"$host\" env OMPI_MCA_orte_tmpdir_base="
-                         << dir_ << "/$host sh -c \"$*\"\n";
-    ::chmod(path_.c_str(), 0755);
+    ::setenv("VMMC_AGENT_TMPDIR", dir_.c_str(), 1);
   }
   ~rsh_agent() { (void)std::system(("rm -rf " + dir_).c_str()); }
-  const std::string& path() const { return path_; }
+  std::string path() const { return support + "netns_rsh_agent"; }
 
  private:
-  std::string dir_, path_;
+  std::string dir_;
 };
 
 }  // namespace

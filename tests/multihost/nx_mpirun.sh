@@ -23,18 +23,8 @@ cleanup() {
 trap cleanup EXIT
 bridged_hosts "$prefix" "$net" a b c
 
-cat > "$work/agent" <<SH
-#!/bin/sh
-# mpirun's rsh agent: "agent HOST COMMAND...", HOST being a namespace, with
-# a /tmp of its own for Open MPI's session files: the hosts share a host
-# name, and two daemons writing one session's topology file crashed in
-# hwloc_shmem_topology_write ("unable to reliably start one or more daemons").
-host=\$1
-shift
-mkdir -p "$work/\$host"
-exec ip netns exec "\$host" env OMPI_MCA_orte_tmpdir_base="$work/\$host" sh -c "\$*"
-SH
-chmod +x "$work/agent"
+# mpirun's rsh agent enters a host's namespace (tests/support/netns_rsh_agent).
+export VMMC_AGENT_TMPDIR=$work/agent
 
 # What the nodes must see of our environment: a daemon started through the
 # rsh agent passes on only what mpirun is told to (-x), as over ssh; the
@@ -45,12 +35,7 @@ for v in ASAN_OPTIONS LSAN_OPTIONS UBSAN_OPTIONS TSAN_OPTIONS GLIBC_TUNABLES VMM
 done
 
 # The daemons call mpirun back as they start: the hosts must reach c first.
-for host in a b; do
-  for _ in $(seq 50); do
-    ip netns exec "$prefix-$host" ping -c 1 -W 1 "$net.3" > /dev/null 2>&1 && break
-    sleep 0.1
-  done
-done
+hosts_reach "$prefix" "$net.3" a b || { echo "FAIL: the hosts do not reach host c"; exit 1; }
 
 # mpirun job <seconds> <program...>: both nodes log where they listen.
 job() {
@@ -58,7 +43,7 @@ job() {
   shift
   timeout "$seconds" ip netns exec "$prefix-c" env OMPI_ALLOW_RUN_AS_ROOT=1 \
     OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --host "$prefix-a,$prefix-b" -n 2 \
-    --mca plm_rsh_agent "$work/agent" "${forward[@]}" "$@"
+    --mca plm_rsh_agent "$here/../support/netns_rsh_agent" "${forward[@]}" "$@"
 }
 . "$here/nx_jobs.sh"
 scale=${VMMC_TEST_TIME_SCALE:-1}
