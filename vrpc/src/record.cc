@@ -250,33 +250,56 @@ bool record_stream::write_all(iovec* iov, int count) {
   return true;
 }
 
+// A record goes out in one write where it can: a large put is held (no
+// staging copy) with the buffered bytes before it as a fragment of their
+// own, and the bytes after it start a new fragment behind them in the
+// buffer; all of it leaves together when the buffer is full, the next large
+// put comes, or the record ends. (Writing the bytes before a large value at
+// once cost a second system call and a second segment per call: a 16 KiB
+// argument across hosts went 0.8x libtirpc's speed.)
+//
 // A record ends in a fragment with data, as libtirpc's own ends it: an
 // empty last fragment is legal, but a libtirpc peer reads it only at its
 // next record, and a plain client that forked and shares the connection
 // with its child then loses its framing (the child took the header).
 bool record_stream::flush_fragment(bool last) {
-  const bool buffered_data = out_len_ > 4;
+  const bool current_data = out_len_ - current_ > 4;
   std::uint32_t held_header =
-      htonl(static_cast<std::uint32_t>(held_len_) | (last && !buffered_data ? last_bit : 0));
-  std::uint32_t header = htonl(static_cast<std::uint32_t>(out_len_ - 4) | (last ? last_bit : 0));
-  std::memcpy(out_.data(), &header, 4);
-  iovec iov[3] = {
-      {&held_header, 4}, {const_cast<char*>(held_), held_len_}, {out_.data(), out_len_}};
+      htonl(static_cast<std::uint32_t>(held_len_) | (last && !current_data ? last_bit : 0));
+  std::uint32_t header =
+      htonl(static_cast<std::uint32_t>(out_len_ - current_ - 4) | (last ? last_bit : 0));
+  std::memcpy(out_.data() + current_, &header, 4);
+  iovec iov[4];
+  int count = 0;
+  if (current_ > 0) iov[count++] = {out_.data(), current_};  // the fragment before held_
+  if (held_) {
+    iov[count++] = {&held_header, 4};
+    iov[count++] = {const_cast<char*>(held_), held_len_};
+  }
   // Never an empty fragment but a last one that has nothing before it.
-  iovec* first = held_ ? iov : iov + 2;
-  int count = (held_ ? 2 : 0) + (buffered_data || (last && !held_) ? 1 : 0);
+  if (current_data || (last && count == 0))
+    iov[count++] = {out_.data() + current_, out_len_ - current_};
   held_ = nullptr;
   held_len_ = 0;
+  current_ = 0;
   out_len_ = 4;
-  return count == 0 || write_all(first, count);
+  return count == 0 || write_all(iov, count);
 }
 
 bool record_stream::put(const char* data, std::size_t length) {
   position_ += static_cast<std::uint32_t>(length);
   if (length >= direct_min && length < last_bit) {
-    // Bytes before it go out; it waits as a fragment of its own (no staging
-    // copy), sent with whatever comes next.
-    if ((held_ || out_len_ > 4) && !flush_fragment(false)) return false;
+    // One value held at a time; the buffered bytes before it become a
+    // fragment of their own (there must be room for the next one's header).
+    if (held_ || out_len_ + 4 > out_.size()) {
+      if (!flush_fragment(false)) return false;
+    }
+    if (out_len_ - current_ > 4) {
+      std::uint32_t header = htonl(static_cast<std::uint32_t>(out_len_ - current_ - 4));
+      std::memcpy(out_.data() + current_, &header, 4);
+      current_ = out_len_;
+      out_len_ += 4;
+    }
     held_ = data;
     held_len_ = length;
     return true;

@@ -80,8 +80,9 @@ class record_stream {
   std::size_t read_limit() const;
   bool read_direct(char* data, std::size_t length);
   bool next_fragment();
-  // Sends the held fragment (if any), then the buffered bytes as a
-  // fragment; `last` marks the record's final fragment, never an empty one.
+  // Sends what is pending, in order: the fragment before the held value,
+  // the held value, the current fragment; `last` marks the record's final
+  // fragment, never an empty one.
   bool flush_fragment(bool last);
   bool write_all(struct iovec* iov, int count);
   bool fail(failure f, int error_number);
@@ -96,9 +97,11 @@ class record_stream {
   bool last_fragment_ = false;
   bool in_record_ = false;
 
-  std::vector<char> out_;  // 4 header bytes, then the fragment's data
-  std::size_t out_len_ = 4;
-  // A large put waits here as a fragment of its own, ahead of out_, until
+  // Pending bytes: [0, current_) a whole fragment that goes before held_,
+  // then the current fragment (4 header bytes, then its data) up to out_len_.
+  std::vector<char> out_;
+  std::size_t current_ = 0, out_len_ = 4;
+  // A large put waits here as a fragment of its own, between the two, until
   // more of the record or its end says whether it is the last fragment.
   const char* held_ = nullptr;
   std::size_t held_len_ = 0;
