@@ -31,12 +31,20 @@ int main(int argc, char** argv) {
     }
     wanted.insert(argv[i]);
   }
-  for (const setting& s : all) {
-    if (!wanted.empty() && !wanted.count(s.layer)) continue;
-    std::printf("%-28s %-6s = %-12s (default %.*s)\n    %.*s\n", environment_name(s).c_str(),
-                type_names[static_cast<int>(s.type)], setting_text(s).c_str(),
-                static_cast<int>(s.default_value.size()), s.default_value.data(),
-                static_cast<int>(s.help.size()), s.help.data());
+  // The users' settings, then those vmmc sets for the processes it starts.
+  for (const bool internal : {false, true}) {
+    bool header = false;
+    for (const setting& s : all) {
+      if (s.internal != internal || (!wanted.empty() && !wanted.count(s.layer))) continue;
+      if (internal && !header)
+        std::printf(
+            "\n# set by vmmc for the processes it starts (launchers, exec), not by users:\n");
+      header = true;
+      std::printf("%-28s %-6s = %-12s (default %.*s)\n    %.*s\n", environment_name(s).c_str(),
+                  type_names[static_cast<int>(s.type)], setting_text(s).c_str(),
+                  static_cast<int>(s.default_value.size()), s.default_value.data(),
+                  static_cast<int>(s.help.size()), s.help.data());
+    }
   }
   return 0;
 }

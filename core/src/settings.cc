@@ -59,8 +59,11 @@ void warn_malformed(const setting& s, const std::string& text) {
                static_cast<int>(s.default_value.size()), s.default_value.data());
 }
 
-// Parses "123", "64k", "1g". Returns false on anything else.
+// Parses "123", "-1" (integers), "64k", "1g" (bytes). Returns false on
+// anything else.
 bool parse_number(std::string_view text, bool allow_suffix, std::int64_t& out) {
+  const bool negative = !allow_suffix && !text.empty() && text[0] == '-';
+  if (negative) text.remove_prefix(1);
   if (text.empty()) return false;
   std::size_t i = 0;
   std::int64_t v = 0;
@@ -78,7 +81,7 @@ bool parse_number(std::string_view text, bool allow_suffix, std::int64_t& out) {
       default: return false;
     }
   }
-  out = v;
+  out = negative ? -v : v;
   return true;
 }
 }  // namespace
@@ -94,6 +97,10 @@ std::string environment_name(const setting& s) {
 std::string setting_text(const setting& s) {
   const char* v = std::getenv(environment_name(s).c_str());
   return v ? std::string(v) : std::string(s.default_value);
+}
+
+bool setting_given(const setting& s) {
+  return std::getenv(environment_name(s).c_str()) != nullptr;
 }
 
 bool setting_bool(const setting& s) {

@@ -18,14 +18,29 @@
 #include "parse.h"
 
 #include "vmmc/core/host.h"
+#include "vmmc/core/settings.h"
 
 namespace vmmc::nx::detail {
 namespace {
 
-long env_long(const char* name, long fallback) {
-  const char* v = std::getenv(name);
-  return v ? std::strtol(v, nullptr, 10) : fallback;
-}
+// What nxrun gives each node it starts (nx/nxrun.cc sets them).
+// clang-format off
+const core::setting launcher_fd    {"nx", "fd",    core::setting_type::integer, "-1",
+  "set by nxrun: the node's socket to the launcher (-1: not started by nxrun)", true};
+const core::setting launcher_rank  {"nx", "rank",  core::setting_type::integer, "0",
+  "set by nxrun: the node's number", true};
+const core::setting launcher_size  {"nx", "size",  core::setting_type::integer, "1",
+  "set by nxrun: the number of nodes", true};
+const core::setting launcher_job   {"nx", "job",   core::setting_type::string,  "0",
+  "set by nxrun: its job's name", true};
+const core::setting launcher_netns {"nx", "netns", core::setting_type::string,  "",
+  "set by nxrun: its network namespace (a node in another one is on another host)", true};
+// clang-format on
+const core::setting launcher_table[] = {launcher_fd, launcher_rank, launcher_size, launcher_job,
+                                        launcher_netns};
+struct registrar {
+  registrar() { core::register_settings(launcher_table); }
+} const register_once;
 
 class alone final : public bootstrap {
  public:
@@ -38,18 +53,17 @@ class alone final : public bootstrap {
 class launcher_socket final : public bootstrap {
  public:
   explicit launcher_socket(int fd) : fd_(fd) {
-    rank = env_long("VMMC_NX_RANK", 0);
-    size = env_long("VMMC_NX_SIZE", 1);
-    const char* j = std::getenv("VMMC_NX_JOB");
-    job = std::string("nxrun.") + (j ? j : "0");
+    rank = static_cast<int>(core::setting_integer(launcher_rank));
+    size = static_cast<int>(core::setting_integer(launcher_size));
+    job = "nxrun." + core::setting_string(launcher_job);
     mode = "nxrun";
   }
   ~launcher_socket() override { ::close(fd_); }
   // nxrun starts every node on its own host; a node that moved to another
   // network namespace on the way (a wrapper that enters one) is on another.
   bool spans_hosts() const override {
-    const char* launcher = std::getenv("VMMC_NX_NETNS");
-    return launcher && core::host_identity::local().network != launcher;
+    return core::setting_given(launcher_netns) &&
+           core::host_identity::local().network != core::setting_string(launcher_netns);
   }
   std::vector<std::string> all_gather(const std::string& mine) override {
     const std::string out = record(mine);
@@ -188,7 +202,7 @@ sockaddr_un bell_address(const std::string& job, long rank, socklen_t& length) {
 }  // namespace
 
 std::unique_ptr<bootstrap> detect_bootstrap() {
-  if (long fd = env_long("VMMC_NX_FD", -1); fd >= 0)
+  if (auto fd = core::setting_integer(launcher_fd); fd >= 0)
     return std::make_unique<launcher_socket>(static_cast<int>(fd));
   if (std::getenv("PMIX_RANK") && std::getenv("PMIX_NAMESPACE")) {
     auto p = std::make_unique<pmix>();

@@ -161,7 +161,8 @@ bool runtime::start() {
   // opens in ~25 ms where tcp takes ~450 ms), unless the user chose.
   core::context_options options;
   options.user_key = false;  // mailboxes export to anyone under unguessable names
-  if (boot_->mode == "nxrun" && !std::getenv("VMMC_CORE_PROVIDERS")) options.providers = {"shm"};
+  if (boot_->mode == "nxrun" && !core::setting_given(core::settings::providers))
+    options.providers = {"shm"};
   // A job that spans hosts is reached where other hosts reach this one,
   // with no setting (issue 15, items 1 and 5); one on a single host stays
   // on loopback, out of the network's reach.
@@ -190,7 +191,7 @@ bool runtime::start() {
     // pairs (the mapped path needs none), and the tcp provider's start is
     // saved (a 2-node job across hosts: 0.48 -> 0.42 s, Open MPI's own
     // 0.40 s). A peer on another host that offers no lane is refused below.
-    if (!std::getenv("VMMC_CORE_PROVIDERS")) options.providers = {"shm"};
+    if (!core::setting_given(core::settings::providers)) options.providers = {"shm"};
   }
   auto ctx = core::context::create(options);
   if (!ctx && !options.providers.empty()) {

@@ -340,8 +340,6 @@ void fork_child() {
     if (s->state.load() == phase::upgraded && s->chan) s->orphan.store(true);
   }
 }
-
-constexpr const char* inherit_variable = "VMMC_SOCKETS_INHERIT";
 }  // namespace
 
 void install_fork_handlers() {
@@ -368,10 +366,9 @@ void interposer_install() {
     install_fork_handlers();
     // Connections an exec()ing image handed over with bytes it had taken
     // off them: "fd:memfd,fd:memfd".
-    const char* inherited = std::getenv(inherit_variable);
-    if (!inherited) return;
-    std::string list = inherited;
-    ::unsetenv(inherit_variable);
+    if (!core::setting_given(settings::inherit)) return;
+    std::string list = core::setting_string(settings::inherit);
+    ::unsetenv(core::environment_name(settings::inherit).c_str());
     std::size_t at = 0;
     while (at < list.size()) {
       int fd = -1, memfd = -1;
@@ -410,7 +407,7 @@ char* const* prepare_exec(char* const* envp) {
   static std::vector<char*> pointers;
   strings.clear();
   pointers.clear();
-  std::string prefix = std::string(inherit_variable) + "=";
+  std::string prefix = core::environment_name(settings::inherit) + "=";
   for (char* const* e = envp; e && *e; ++e)
     if (std::strncmp(*e, prefix.c_str(), prefix.size()) != 0) strings.emplace_back(*e);
   strings.push_back(prefix + handed);

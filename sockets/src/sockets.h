@@ -42,6 +42,7 @@ extern const core::setting remote;
 extern const core::setting preload_enable;
 extern const core::setting stat;
 extern const core::setting stat_dir;
+extern const core::setting inherit;
 }  // namespace settings
 
 enum class phase : std::uint8_t {

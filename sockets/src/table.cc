@@ -41,9 +41,13 @@ const core::setting stat      {"sockets", "stat",      core::setting_type::boole
 const core::setting stat_dir  {"sockets", "stat_dir",  core::setting_type::string,  "/dev/shm",
   "where processes publish their connections (vmmc-stat reads them) and their users' presence "
   "tables (which sockets run vmmc); the same for every process of the host"};
+const core::setting inherit   {"sockets", "inherit",   core::setting_type::string,  "",
+  "set by vmmc for a program it execs: connections handed over with the bytes the old image "
+  "had taken off them ('fd:memfd,...')", true};
 // clang-format on
 namespace {
-const core::setting table[] = {enable, hold_us, log_level, ports, exclude, remote, stat, stat_dir};
+const core::setting table[] = {enable, hold_us, log_level, ports,  exclude,
+                               remote, stat,    stat_dir,  inherit};
 const core::setting preload_table[] = {preload_enable};
 struct registrar {
   registrar() {

@@ -23,6 +23,19 @@ TEST(Settings, BytesAcceptSuffixes) {
   EXPECT_EQ(setting_integer(settings::utlb_limit), 1LL << 30);
 }
 
+// Integers may be negative (VMMC_NX_FD's default, -1, is "none"); byte
+// counts may not.
+TEST(Settings, NegativeIntegersButNotBytes) {
+  const setting fd{"test", "fd", setting_type::integer, "-1", "help"};
+  EXPECT_EQ(setting_integer(fd), -1);
+  setenv("VMMC_TEST_FD", "-7", 1);
+  EXPECT_EQ(setting_integer(fd), -7);
+  unsetenv("VMMC_TEST_FD");
+  setenv("VMMC_CORE_UTLB_LIMIT", "-1k", 1);  // malformed: default (1g)
+  EXPECT_EQ(setting_integer(settings::utlb_limit), 1LL << 30);
+  unsetenv("VMMC_CORE_UTLB_LIMIT");
+}
+
 TEST(Settings, Booleans) {
   setenv("VMMC_CORE_MAPPED", "off", 1);
   EXPECT_FALSE(setting_bool(settings::mapped_path));
@@ -30,6 +43,16 @@ TEST(Settings, Booleans) {
   EXPECT_TRUE(setting_bool(settings::mapped_path));
   unsetenv("VMMC_CORE_MAPPED");
   EXPECT_TRUE(setting_bool(settings::mapped_path));
+}
+
+// Given: the environment names a value, even the default one; the layers
+// above ask so to tell the user's choice from the default.
+TEST(Settings, GivenOnlyWhenTheEnvironmentSetsIt) {
+  unsetenv("VMMC_CORE_PROVIDERS");
+  EXPECT_FALSE(setting_given(settings::providers));
+  setenv("VMMC_CORE_PROVIDERS", "shm,tcp", 1);
+  EXPECT_TRUE(setting_given(settings::providers));
+  unsetenv("VMMC_CORE_PROVIDERS");
 }
 
 TEST(Settings, CoreTableIsListed) {
