@@ -260,7 +260,7 @@ result<import_info> context::describe(import_handle h) const {
   if (!imp->peer->alive.load(std::memory_order_acquire)) return errc::peer_gone;
   std::shared_lock state(imp->state_mutex);
   if (imp->revoked) return errc::unknown_handle;
-  return import_info{imp->length, imp->allowed,
+  return import_info{imp->length, imp->allowed, imp->map != nullptr,
                      !imp->map && imp->endpoint && imp->endpoint->completion_needs_peer()};
 }
 

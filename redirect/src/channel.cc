@@ -168,7 +168,7 @@ class channel::impl {
   // end of stream must not hang a process. A fetch given up on may still
   // land later, so its 8-byte target is left allocated then.
   status flush() {
-    if (!fabric) return {};
+    if (caps.mapped) return {};
     auto target = std::make_unique<std::uint64_t>(0);
     auto r = ctx.fetch_async(peer, offsetof(area_header, own_sent), target.get(), sizeof *target);
     if (!r) return r.error();
@@ -182,9 +182,9 @@ class channel::impl {
   }
   static constexpr std::chrono::seconds flush_timeout{2};
   static constexpr std::chrono::milliseconds staged_wait{2};
-  // `fabric` is one of the fields attach() publishes: read it only after.
+  // `caps` is one of the fields attach() publishes: read it only after.
   void progress() {
-    if (attached.load(std::memory_order_acquire) && fabric) ctx.progress();
+    if (attached.load(std::memory_order_acquire) && caps.needs_progress) ctx.progress();
   }
 
   core::context& ctx;
@@ -208,7 +208,7 @@ class channel::impl {
   // attach() found the peer gone, or its area withdrawn (its end destroyed):
   // what it wrote into our area before it went is all there will be.
   std::atomic<bool> departed{false};
-  bool fabric = false;
+  redirect::channel_capabilities caps;
   bool completion_needs_peer = false;  // see core::import_info
   std::string path_name;
   std::uint64_t peer_ring_bytes = 0, peer_ring_offset = 0;
@@ -348,7 +348,8 @@ status channel::impl::bind_peer(const parsed_descriptor& peer_area) {
   peer_ring_offset = words[2];
   auto p = ctx.path_of(peer);
   path_name = p ? *p : "unknown";
-  fabric = path_name != "mapped";
+  caps.mapped = info->mapped;
+  caps.needs_progress = caps.zero_copy_receive = !info->mapped;
   completion_needs_peer = info->completion_needs_peer;
   return {};
 }
@@ -857,7 +858,8 @@ result<receive_result> channel::impl::receive(std::byte* data, std::size_t lengt
     }
     if (at_end()) break;
     if (total.total() > 0 && !wait_all) break;
-    if (attached && fabric && want >= post_min) {  // attached first: it publishes fabric
+    if (attached && caps.zero_copy_receive &&
+        want >= post_min) {  // attached first: it publishes caps
       if (status s = post_buffer(data + total.total(), want); !s) return s.error();
       auto got = complete_post(data + total.total(), want, wait_all, deadline);
       if (!got) {
@@ -958,7 +960,8 @@ result<receive_result> channel::receive(void* data, std::size_t length, bool wai
 result<bool> channel::post(void* data, std::size_t length) {
   impl& i = *impl_;
   if (i.post_open) return errc::already_exists;
-  if (!i.attached || !i.fabric || length < i.post_min) return false;  // attached first
+  if (!i.attached || !i.caps.zero_copy_receive || length < i.post_min)
+    return false;  // attached first
   i.progress();
   // Bytes already in the ring are copied when the post completes; it pays
   // when at least post_min bytes are still to come.
@@ -1018,6 +1021,10 @@ channel_counters channel::stats() const {
   const impl& i = *impl_;
   return {i.bytes_sent.load(),       i.bytes_received.load(), i.bytes_copied.load(),
           i.bytes_redirected.load(), i.posts.load(),          i.doorbells.load()};
+}
+
+channel_capabilities channel::capabilities() const {
+  return impl_->attached ? impl_->caps : channel_capabilities{};
 }
 
 std::string channel::path() const {

@@ -143,7 +143,7 @@ struct stream {
   // The channel runs on the same-host mapped path (known once connected).
   bool chan_mapped() {
     int m = mapped.load(std::memory_order_relaxed);
-    if (m < 0 && chan && chan->connected()) mapped.store(m = chan->path() == "mapped");
+    if (m < 0 && chan && chan->connected()) mapped.store(m = chan->capabilities().mapped);
     return m > 0;
   }
   std::atomic<int> mapped{-1};

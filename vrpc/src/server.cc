@@ -148,7 +148,10 @@ xprt_stat connection_stat(SVCXPRT* xprt) {
   }
   c.resume = true;
   if (c.stream.buffered() > 0) return XPRT_MOREREQS;
-  if (c.served && !c.accelerated) c.accelerated = path_of(c.xprt.xp_fd) != "tcp";
+  if (c.served && !c.accelerated) {
+    auto info = sockets::describe(c.xprt.xp_fd);
+    c.accelerated = info && info->accelerated;
+  }
   if (c.served && c.accelerated && spin_time().count() > 0 &&
       !(++c.streak % 4 == 0 && others_waiting(c.xprt.xp_fd))) {
     auto now = clock::now(), until = now + spin_time(), yield_after = now + yield_time;

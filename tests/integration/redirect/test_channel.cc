@@ -154,10 +154,16 @@ TEST_P(Channel, SetUpExchangesHellosBothWays) {
   EXPECT_TRUE(a().connected());
   EXPECT_TRUE(b().connected());
   for (channel* c : {&a(), &b()}) {
+    // The layers above decide by the capabilities; the path names them.
+    const redirect::channel_capabilities caps = c->capabilities();
     if (fabric()) {
       EXPECT_EQ(c->path().rfind("fabric:", 0), 0u) << c->path();
+      EXPECT_FALSE(caps.mapped);
+      EXPECT_TRUE(caps.needs_progress && caps.zero_copy_receive);
     } else {
       EXPECT_EQ(c->path(), "mapped");
+      EXPECT_TRUE(caps.mapped);
+      EXPECT_FALSE(caps.needs_progress || caps.zero_copy_receive);
     }
     std::string d = c->descriptor();
     EXPECT_FALSE(d.empty());

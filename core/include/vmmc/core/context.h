@@ -117,6 +117,11 @@ struct request {
 struct import_info {
   std::uint64_t length;
   rights allowed;
+  // This process reaches the memory with loads and stores (an exporter on
+  // this host, VMMC_CORE_MAPPED): transfers need no provider and no progress
+  // calls. Otherwise they go through a fabric provider, which moves them
+  // only while some thread of this process calls in (manual progress).
+  bool mapped = false;
   // Sends to it complete only when the exporter's process runs (libfabric
   // shm pulls large transfers from the receiving side): a sender that must
   // never wait for the peer (a non-blocking stream write) copies its bytes
@@ -360,7 +365,8 @@ class context {
 
   counters stats() const;
   // Which path an import uses ("mapped", "fabric:shm", "fabric:tcp;ofi_rxm");
-  // for diagnostics and benchmarks only. Errors: unknown_handle.
+  // for logs and benchmarks only: decide by describe()'s flags. Errors:
+  // unknown_handle.
   result<std::string> path_of(import_handle handle) const;
 
   class impl;

@@ -90,6 +90,19 @@ struct receive_result {
   std::size_t total() const { return copied + redirected; }
 };
 
+// What a connected channel's path can do.
+struct channel_capabilities {
+  // The peer's ring is memory this process maps (same host): bytes move by
+  // loads and stores, with no provider, no progress calls and no ordering
+  // fetch.
+  bool mapped = false;
+  // Transfers move only while this process calls into the fabric (libfabric
+  // providers progress manually): a waiter must drive them.
+  bool needs_progress = false;
+  // A large read can be placed straight into the caller's buffer (post()).
+  bool zero_copy_receive = false;
+};
+
 struct channel_counters {
   std::uint64_t bytes_sent, bytes_received;
   std::uint64_t bytes_copied;      // delivered by a copy out of the ring
@@ -209,6 +222,8 @@ class channel {
   bool peer_gone();
 
   channel_counters stats() const;
+  // What the connected path can do (all false before); decide by these.
+  channel_capabilities capabilities() const;
   // "mapped" or "fabric:<provider>" once connected; for benchmarks and logs.
   std::string path() const;
 
