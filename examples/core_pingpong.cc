@@ -61,8 +61,8 @@ int run(bool first, int to_peer, int from_peer, const context_options& options, 
     return 1;
   }
   me.peer = *imported;
-  if (first) std::printf("path: %s\n%10s %14s\n", me.ctx.path_of(me.peer)->c_str(), "bytes",
-                         "one-way (us)");
+  if (first)
+    std::printf("path: %s\n%10s %14s\n", me.ctx.path_of(me.peer)->c_str(), "bytes", "one-way (us)");
 
   std::vector<std::byte> message(1 << 20, std::byte{42});
   for (std::size_t size : {8, 64, 1024, 16384, 131072, 1048576}) {

@@ -75,8 +75,7 @@ std::string encode_address(const peer_address& a) {
   s += ";u=" + std::to_string(a.uid);
   s += ";n=" + std::to_string(a.nonce);
   if (!a.control_tcp.empty()) s += ";c=" + a.control_tcp;
-  for (const auto& [provider, bytes] : a.fabric)
-    s += ";f." + provider + "=" + hex_encode(bytes);
+  for (const auto& [provider, bytes] : a.fabric) s += ";f." + provider + "=" + hex_encode(bytes);
   return s;
 }
 

@@ -41,7 +41,9 @@ int remaining_ms(clock::time_point deadline) {
   return left.count() < 0 ? 0 : static_cast<int>(std::min<std::int64_t>(left.count(), 1 << 30));
 }
 
-void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
+void set_nonblocking(int fd) {
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+}
 
 sockaddr_un abstract_address(const std::string& name, socklen_t& length) {
   sockaddr_un a{};
@@ -111,8 +113,8 @@ void connection::give_up_unacknowledged_after(std::chrono::milliseconds timeout)
 
 status connection::write_frame(wire::frame_type type, const void* body, std::size_t length,
                                std::span<const int> fds) {
-  wire::frame_header h{wire::control_magic, wire::control_version,
-                       static_cast<std::uint16_t>(type), static_cast<std::uint32_t>(length)};
+  wire::frame_header h{wire::control_magic, wire::control_version, static_cast<std::uint16_t>(type),
+                       static_cast<std::uint32_t>(length)};
   pending_frame f;
   f.bytes.resize(sizeof h + length);
   std::memcpy(f.bytes.data(), &h, sizeof h);

@@ -235,17 +235,21 @@ result<mappable_buffer> context::allocate(std::size_t bytes) {
   return b;
 }
 
-result<export_handle> context::export_buffer(std::string_view name, void* base,
-                                             std::size_t length, export_options options) {
+result<export_handle> context::export_buffer(std::string_view name, void* base, std::size_t length,
+                                             export_options options) {
   return impl_->export_buffer(name, base, length, std::move(options));
 }
-status context::unexport_buffer(export_handle h) { return impl_->unexport_buffer(h); }
+status context::unexport_buffer(export_handle h) {
+  return impl_->unexport_buffer(h);
+}
 
 result<import_handle> context::import_buffer(std::string_view peer_address, std::string_view name,
                                              std::chrono::milliseconds timeout) {
   return impl_->import_buffer(peer_address, name, timeout);
 }
-status context::unimport_buffer(import_handle h) { return impl_->unimport_buffer(h); }
+status context::unimport_buffer(import_handle h) {
+  return impl_->unimport_buffer(h);
+}
 
 status context::give_up_when(import_handle h, std::function<bool()> broken) {
   auto imp = impl_->find_import(h);
@@ -271,10 +275,10 @@ result<std::string> context::path_of(import_handle h) const {
   return "fabric:" + imp->endpoint->full_name();
 }
 
-status context::send(import_handle to, std::uint64_t offset, const void* source,
-                     std::size_t length, send_options options) {
-  auto o = impl_->start_transfer(to, offset, const_cast<void*>(source), length, true, options,
-                                 nullptr);
+status context::send(import_handle to, std::uint64_t offset, const void* source, std::size_t length,
+                     send_options options) {
+  auto o =
+      impl_->start_transfer(to, offset, const_cast<void*>(source), length, true, options, nullptr);
   if (!o) return o.error();
   if (!*o) return {};  // completed during the call (mapped path, injected write)
   // Copied into bounce buffers: the source may be reused now, and the data
@@ -286,8 +290,7 @@ status context::send(import_handle to, std::uint64_t offset, const void* source,
   return impl_->wait_op(**o, clock::time_point::max());
 }
 
-status context::send(import_handle to, std::span<const send_piece> pieces,
-                     send_options options) {
+status context::send(import_handle to, std::span<const send_piece> pieces, send_options options) {
   auto copied = impl_->send_gathered(to, pieces, options);
   if (!copied) return copied.error();
   if (*copied) return {};
@@ -334,8 +337,7 @@ status context::fetch(import_handle from, std::uint64_t offset, void* destinatio
 }
 
 result<request> context::send_async(import_handle to, std::uint64_t offset, const void* source,
-                                    std::size_t length, send_options options,
-                                    void* user_context) {
+                                    std::size_t length, send_options options, void* user_context) {
   auto o = impl_->start_transfer(to, offset, const_cast<void*>(source), length, true, options,
                                  user_context);
   if (!o) return o.error();
@@ -349,18 +351,28 @@ result<request> context::fetch_async(import_handle from, std::uint64_t offset, v
   return impl_->remember(std::move(*o), user_context);
 }
 
-result<completion> context::test(request r) { return impl_->test(r); }
+result<completion> context::test(request r) {
+  return impl_->test(r);
+}
 result<completion> context::wait(request r, std::chrono::milliseconds timeout) {
   return impl_->wait(r, timeout);
 }
 
-std::size_t context::poll_notifications() { return impl_->poll_notifications(); }
+std::size_t context::poll_notifications() {
+  return impl_->poll_notifications();
+}
 result<std::size_t> context::wait_notifications(std::chrono::milliseconds timeout) {
   return impl_->wait_notifications(timeout);
 }
-int context::notification_fd() const noexcept { return impl_->notify_eventfd.get(); }
-bool context::prepare_wait() { return impl_->prepare_wait(); }
-void context::progress() { impl_->progress_all(); }
+int context::notification_fd() const noexcept {
+  return impl_->notify_eventfd.get();
+}
+bool context::prepare_wait() {
+  return impl_->prepare_wait();
+}
+void context::progress() {
+  impl_->progress_all();
+}
 
 counters context::stats() const {
   counters c{};

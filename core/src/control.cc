@@ -119,8 +119,12 @@ void context::impl::handle_link_frames(const link_ptr& link) {
       continue;
     }
     switch (f.type) {
-      case wire::frame_type::import_request: handle_import_request(link, f); break;
-      case wire::frame_type::unimport: handle_unimport(link, f); break;
+      case wire::frame_type::import_request:
+        handle_import_request(link, f);
+        break;
+      case wire::frame_type::unimport:
+        handle_unimport(link, f);
+        break;
       case wire::frame_type::revoke_ack: {
         wire::revoke_body body{};
         if (!f.body_as(body)) break;
@@ -131,8 +135,10 @@ void context::impl::handle_link_frames(const link_ptr& link) {
         revoke_cv.notify_all();
         break;
       }
-      case wire::frame_type::heartbeat: break;
-      default: link->alive = false;
+      case wire::frame_type::heartbeat:
+        break;
+      default:
+        link->alive = false;
     }
   }
   frames.clear();  // what was not taken (descriptors) goes now, as before
@@ -171,9 +177,13 @@ void context::impl::handle_peer_frames(const peer_ptr& peer) {
         peer->reply_cv.notify_all();
         break;
       }
-      case wire::frame_type::revoke: handle_revoke(peer, f); break;
-      case wire::frame_type::heartbeat: break;
-      default: s = errc::protocol_error;
+      case wire::frame_type::revoke:
+        handle_revoke(peer, f);
+        break;
+      case wire::frame_type::heartbeat:
+        break;
+      default:
+        s = errc::protocol_error;
     }
   }
   frames.clear();  // what was not taken (descriptors) goes now, as before
@@ -279,9 +289,9 @@ void context::impl::control_loop() {
       std::size_t handled = 0;
       for (auto& e : endpoints())
         if (e->in_use()) handled += e->try_progress();
-      fabric_tick = handled ? std::chrono::milliseconds(1)
-                            : std::min<std::chrono::milliseconds>(fabric_tick * 2,
-                                                                  slowest_fabric_tick);
+      fabric_tick = handled
+                        ? std::chrono::milliseconds(1)
+                        : std::min<std::chrono::milliseconds>(fabric_tick * 2, slowest_fabric_tick);
     }
 
     // Liveness: a peer is gone when its connection ends (end of file, a

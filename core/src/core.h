@@ -276,7 +276,7 @@ struct sender_tally {
 struct mapping {
   std::byte* base = nullptr;  // page-aligned start of the mapping
   std::size_t size = 0;
-  std::size_t delta = 0;      // where the exported bytes start inside the mapping
+  std::size_t delta = 0;  // where the exported bytes start inside the mapping
   mapping() = default;
   mapping(const mapping&) = delete;
   mapping& operator=(const mapping&) = delete;
@@ -330,7 +330,9 @@ class fabric_call {
   fabric_call(const fabric_call&) = delete;
   fabric_call& operator=(const fabric_call&) = delete;
 };
-inline void one_of_the_stacks_threads() noexcept { ++stack_work_depth; }
+inline void one_of_the_stacks_threads() noexcept {
+  ++stack_work_depth;
+}
 
 // One posted operation (or a group of posts, such as a write and its record).
 // Shared between the request table and the endpoint's in-flight set; libfabric
@@ -338,12 +340,12 @@ inline void one_of_the_stacks_threads() noexcept { ++stack_work_depth; }
 // every part has completed, even if the caller gave up because the peer died.
 struct op {
   void* user_context = nullptr;
-  std::atomic<int> parts{0};         // posts still outstanding
+  std::atomic<int> parts{0};  // posts still outstanding
   std::atomic<bool> done{false};
-  std::error_code error;             // first error, written before done
+  std::error_code error;  // first error, written before done
   std::shared_ptr<struct import_entry> import;
   std::optional<reg_cache::lease> lease;
-  bool zero_copy = false;  // a post reads or writes the caller's memory directly
+  bool zero_copy = false;        // a post reads or writes the caller's memory directly
   bool lands_in_caller = false;  // a zero-copy read: the provider writes it
   int bounce_slot = -1;
   void* copy_to = nullptr;  // small fetches land in a bounce slot first
@@ -375,7 +377,7 @@ class fabric_endpoint final : public registrar {
   ~fabric_endpoint() override;
 
   const std::string& short_name() const { return short_name_; }  // "shm", "tcp", ...
-  std::string full_name() const;                                  // "tcp;ofi_rxm"
+  std::string full_name() const;                                 // "tcp;ofi_rxm"
   bool has_wait_fd() const { return wait_fd_ >= 0; }
   // Set once a fabric import uses this endpoint (either end). Endpoints never
   // used are not progressed: a tcp progress call costs system calls.
@@ -420,9 +422,8 @@ class fabric_endpoint final : public registrar {
                    const std::atomic<bool>& peer_alive);
   // Writes `length` bytes (a notification record) with remote CQ data.
   status post_write_with_data(const std::shared_ptr<op>& o, fi_addr_t peer, const void* source,
-                              std::size_t length, std::uint64_t remote_address,
-                              std::uint64_t key, std::uint64_t immediate,
-                              const std::atomic<bool>& peer_alive);
+                              std::size_t length, std::uint64_t remote_address, std::uint64_t key,
+                              std::uint64_t immediate, const std::atomic<bool>& peer_alive);
 
   // Reads completions; progress() blocks for the lock, try_progress() skips
   // when another thread is already progressing. Returns completions handled.
@@ -456,9 +457,9 @@ class fabric_endpoint final : public registrar {
                   std::size_t length, std::uint64_t remote_address, std::uint64_t key,
                   const std::atomic<bool>& peer_alive);
   // Writes carry `immediate` as remote CQ data when it is set.
-  status post_bounced(const std::shared_ptr<op>& o, bool is_write, fi_addr_t peer,
-                      std::byte* local, std::size_t length, std::uint64_t remote_address,
-                      std::uint64_t key, const std::atomic<bool>& peer_alive,
+  status post_bounced(const std::shared_ptr<op>& o, bool is_write, fi_addr_t peer, std::byte* local,
+                      std::size_t length, std::uint64_t remote_address, std::uint64_t key,
+                      const std::atomic<bool>& peer_alive,
                       std::optional<std::uint64_t> immediate = std::nullopt);
   std::shared_ptr<op> start_part(const std::shared_ptr<op>& o, int slot);
   int take_bounce_slot(const std::atomic<bool>& peer_alive);
@@ -513,7 +514,7 @@ struct export_entry {
   import_policy policy;
   notification_handler on_notify;
   std::unique_ptr<export_window> window;  // set when the mapped path can serve it
-  std::vector<fabric_mr> mrs;  // one per open endpoint
+  std::vector<fabric_mr> mrs;             // one per open endpoint
   std::atomic<bool> live{true};
 };
 
@@ -580,7 +581,7 @@ struct import_entry {
   // Data operations hold it shared; revocation takes it exclusively, so once
   // revoked no mapped copy is running and none will start.
   std::shared_mutex state_mutex;
-  std::atomic<bool> revoked{false};  // set under state_mutex; senders read it without
+  std::atomic<bool> revoked{false};   // set under state_mutex; senders read it without
   std::atomic<bool> released{false};  // unimported
   // context::give_up_when: set before the import is used, then only read.
   std::function<bool()> broken;
@@ -688,9 +689,8 @@ class context::impl {
   // rma.cc. start_transfer returns a null op when the transfer finished
   // during the call (mapped path, injected writes).
   result<std::shared_ptr<detail::op>> start_transfer(import_handle handle, std::uint64_t offset,
-                                                     void* buffer, std::size_t length,
-                                                     bool is_send, send_options options,
-                                                     void* user_context);
+                                                     void* buffer, std::size_t length, bool is_send,
+                                                     send_options options, void* user_context);
   // Checks every piece; then, on the mapped path, copies them all (true).
   // False: the checks passed and the caller sends piece by piece.
   result<bool> send_gathered(import_handle handle, std::span<const send_piece> pieces,
@@ -729,7 +729,7 @@ class context::impl {
   mutable std::mutex address_mutex;
   std::string blob;  // encode_address(self), under address_mutex
   bool mapped_enabled = true;
-  bool use_user_key = true;  // context_options::user_key
+  bool use_user_key = true;               // context_options::user_key
   std::chrono::milliseconds liveness{0};  // VMMC_CORE_LIVENESS_MS
   std::chrono::microseconds spin{50};
 
@@ -749,7 +749,7 @@ class context::impl {
   std::mutex fabric_mutex;  // serialises open_fabric
   bool fabric_tried = false;
   std::unique_ptr<fabric_paths> fabric_owned;
-  std::atomic<const fabric_paths*> fabric{nullptr};  // published once open
+  std::atomic<const fabric_paths*> fabric{nullptr};         // published once open
   status open_fabric(std::string_view local_address = {});  // context.cc
   std::string address_blob() const;
   const std::vector<std::unique_ptr<detail::fabric_endpoint>>& endpoints() const noexcept {
@@ -759,7 +759,7 @@ class context::impl {
   }
 
   detail::unique_fd unix_listener;
-  detail::unique_fd notify_eventfd;           // the notification fd given to users
+  detail::unique_fd notify_eventfd;  // the notification fd given to users
   std::shared_ptr<detail::segment> wake_segment;
   detail::wake_page* wake = nullptr;
 

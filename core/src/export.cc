@@ -157,7 +157,8 @@ void context::impl::handle_import_request(const link_ptr& link, const frame& f) 
   }
   if (!e) return answer(errc::unknown_export);
   switch (e->policy.who) {
-    case import_policy::kind::anyone: break;
+    case import_policy::kind::anyone:
+      break;
     case import_policy::kind::same_user:
       if (link->address.uid != self.uid) return answer(errc::permission_denied);
       break;
@@ -185,9 +186,10 @@ void context::impl::handle_import_request(const link_ptr& link, const frame& f) 
       if (m.endpoint->short_name() == provider) mr = &m;
     if (!mr) return answer(errc::unreachable);
     auto ring = fabric_ring_for(link, *mr->endpoint);
-    if (!ring) return answer(ring.error().value() == static_cast<int>(errc::resource_exhausted)
-                                 ? errc::resource_exhausted
-                                 : errc::fabric_error);
+    if (!ring)
+      return answer(ring.error().value() == static_cast<int>(errc::resource_exhausted)
+                        ? errc::resource_exhausted
+                        : errc::fabric_error);
     mr->endpoint->mark_in_use();
     reply.remote_address = mr->remote_address;
     reply.key = mr->key;

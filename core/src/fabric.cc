@@ -3,13 +3,13 @@
 // copied (inline) transfers. Nothing is ever received as a message: data and
 // notification records arrive by RMA; records carry remote CQ data.
 #include <poll.h>
-#include <sys/random.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_eq.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -68,7 +68,9 @@ struct fabric_lock {
 };
 }  // namespace
 
-std::string fabric_endpoint::full_name() const { return full_provider_name(short_name_); }
+std::string fabric_endpoint::full_name() const {
+  return full_provider_name(short_name_);
+}
 
 result<std::unique_ptr<fabric_endpoint>> fabric_endpoint::open(const std::string& short_name,
                                                                const std::string& tcp_address,
@@ -86,8 +88,8 @@ result<std::unique_ptr<fabric_endpoint>> fabric_endpoint::open(const std::string
 
   fi_info* hints = lib->dupinfo(nullptr);  // fi_allocinfo()
   hints->ep_attr->type = FI_EP_RDM;
-  hints->caps = FI_MSG | FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE |
-                FI_SEND | FI_RECV;
+  hints->caps =
+      FI_MSG | FI_RMA | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_SEND | FI_RECV;
   hints->mode = FI_CONTEXT | FI_CONTEXT2;
   hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
   // FI_THREAD_SAFE although we serialise our own calls: rxm tears down a
@@ -100,7 +102,7 @@ result<std::unique_ptr<fabric_endpoint>> fabric_endpoint::open(const std::string
   hints->fabric_attr->prov_name = ::strdup(full_provider_name(short_name).c_str());
   const bool ip_based = short_name != "shm";
   int rc = lib->getinfo(FI_VERSION(1, 17), ip_based ? tcp_address.c_str() : nullptr, nullptr,
-                      ip_based ? FI_SOURCE : 0, hints, &e->info_);
+                        ip_based ? FI_SOURCE : 0, hints, &e->info_);
   lib->freeinfo(hints);
   if (rc != 0) {
     VMMC_WARN("provider %s unavailable: %s", short_name.c_str(), lib->strerror(-rc));
@@ -134,8 +136,7 @@ result<std::unique_ptr<fabric_endpoint>> fabric_endpoint::open(const std::string
 
   if ((rc = fi_endpoint(e->domain_, info, &e->ep_, nullptr)) ||
       (rc = fi_ep_bind(e->ep_, &e->av_->fid, 0)) ||
-      (rc = fi_ep_bind(e->ep_, &e->cq_->fid, FI_TRANSMIT | FI_RECV)) ||
-      (rc = fi_enable(e->ep_))) {
+      (rc = fi_ep_bind(e->ep_, &e->cq_->fid, FI_TRANSMIT | FI_RECV)) || (rc = fi_enable(e->ep_))) {
     VMMC_ERROR("endpoint on %s: %s", short_name.c_str(), lib->strerror(-rc));
     return errc::fabric_error;
   }
@@ -204,8 +205,7 @@ result<fid_mr*> fabric_endpoint::register_region(const void* base, std::size_t l
   return errc::fabric_error;
 }
 
-result<fabric_mr> fabric_endpoint::register_export(void* base, std::size_t length,
-                                                   rights allowed) {
+result<fabric_mr> fabric_endpoint::register_export(void* base, std::size_t length, rights allowed) {
   std::uint64_t access = 0;
   if (has_right(allowed, rights::write)) access |= FI_REMOTE_WRITE;
   if (has_right(allowed, rights::read)) access |= FI_REMOTE_READ;
@@ -285,7 +285,9 @@ int fabric_endpoint::take_bounce_slot(const std::atomic<bool>& peer_alive) {
   }
 }
 
-void fabric_endpoint::give_bounce_slot(int slot) { free_bounce_.push_back(slot); }
+void fabric_endpoint::give_bounce_slot(int slot) {
+  free_bounce_.push_back(slot);
+}
 
 // Over ofi_rxm (libfabric 1.17) an fi_inject_write still queued when its
 // connection breaks comes back as an error completion with a null context,
@@ -370,10 +372,10 @@ status fabric_endpoint::post_bounced(const std::shared_ptr<op>& o, bool is_write
   return {};
 }
 
-status fabric_endpoint::post_write(const std::shared_ptr<op>& o, fi_addr_t peer,
-                                   const void* source, std::size_t length,
-                                   std::uint64_t remote_address, std::uint64_t key,
-                                   const std::atomic<bool>& peer_alive, bool may_inject) {
+status fabric_endpoint::post_write(const std::shared_ptr<op>& o, fi_addr_t peer, const void* source,
+                                   std::size_t length, std::uint64_t remote_address,
+                                   std::uint64_t key, const std::atomic<bool>& peer_alive,
+                                   bool may_inject) {
   if (may_inject && length <= inject_size_)
     return inject_write(peer, source, length, remote_address, key, peer_alive);
   return post_rma(o, true, peer, static_cast<std::byte*>(const_cast<void*>(source)), length,
@@ -383,14 +385,13 @@ status fabric_endpoint::post_write(const std::shared_ptr<op>& o, fi_addr_t peer,
 status fabric_endpoint::post_read(const std::shared_ptr<op>& o, fi_addr_t peer, void* destination,
                                   std::size_t length, std::uint64_t remote_address,
                                   std::uint64_t key, const std::atomic<bool>& peer_alive) {
-  return post_rma(o, false, peer, static_cast<std::byte*>(destination), length, remote_address,
-                  key, peer_alive);
+  return post_rma(o, false, peer, static_cast<std::byte*>(destination), length, remote_address, key,
+                  peer_alive);
 }
 
 status fabric_endpoint::post_rma(const std::shared_ptr<op>& o, bool is_write, fi_addr_t peer,
-                                 std::byte* local, std::size_t length,
-                                 std::uint64_t remote_address, std::uint64_t key,
-                                 const std::atomic<bool>& peer_alive) {
+                                 std::byte* local, std::size_t length, std::uint64_t remote_address,
+                                 std::uint64_t key, const std::atomic<bool>& peer_alive) {
   if (length <= inline_max_)
     return post_bounced(o, is_write, peer, local, length, remote_address, key, peer_alive);
   auto lease = utlb_->acquire(local, length);
@@ -523,5 +524,7 @@ void fabric_endpoint::sleep_for_completions(std::chrono::microseconds timeout) {
 }  // namespace vmmc::core::detail
 
 namespace vmmc::core {
-bool opening_for_the_stack() noexcept { return detail::stack_work_depth > 0; }
+bool opening_for_the_stack() noexcept {
+  return detail::stack_work_depth > 0;
+}
 }  // namespace vmmc::core

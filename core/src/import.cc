@@ -136,8 +136,7 @@ result<import_handle> context::impl::import_buffer(std::string_view peer_blob,
   req.request_id = next_request_id++;
   req.want_mapped = want_mapped;
   req.name_length = static_cast<std::uint32_t>(name.size());
-  if (endpoint)
-    std::strncpy(req.provider, endpoint->short_name().c_str(), sizeof req.provider - 1);
+  if (endpoint) std::strncpy(req.provider, endpoint->short_name().c_str(), sizeof req.provider - 1);
   std::vector<std::uint8_t> body(sizeof req + name.size());
   std::memcpy(body.data(), &req, sizeof req);
   std::memcpy(body.data() + sizeof req, name.data(), name.size());
@@ -155,9 +154,8 @@ result<import_handle> context::impl::import_buffer(std::string_view peer_blob,
   frame f;
   {
     std::unique_lock lock(p->reply_mutex);
-    bool answered = p->reply_cv.wait_until(lock, deadline, [&] {
-      return p->replies.count(req.request_id) || !p->alive;
-    });
+    bool answered = p->reply_cv.wait_until(
+        lock, deadline, [&] { return p->replies.count(req.request_id) || !p->alive; });
     if (!p->replies.count(req.request_id)) {
       if (p->awaited.erase(req.request_id) && !answered)
         p->abandoned.insert(req.request_id);  // a late reply is given back
@@ -331,8 +329,7 @@ void context::impl::await_writes_landed(import_entry& imp) {
                           ring_address + offsetof(wire::fabric_ring, head), ring_key, p.alive);
   ep.finish_posting(reader, s.error());
   const auto deadline = clock::now() + std::chrono::seconds(1);
-  while (s && !reader->done.load(std::memory_order_acquire) && p.alive &&
-         clock::now() < deadline)
+  while (s && !reader->done.load(std::memory_order_acquire) && p.alive && clock::now() < deadline)
     ep.progress();
 }
 
@@ -357,9 +354,7 @@ std::error_code context::impl::classify_failure(const import_entry& imp, std::er
 void context::impl::peer_died(const peer_ptr& peer) {
   if (!peer->alive.exchange(false)) return;
   VMMC_DEBUG("exporter pid %u is gone", peer->address.pid);
-  {
-    std::lock_guard lock(peer->reply_mutex);
-  }
+  { std::lock_guard lock(peer->reply_mutex); }
   peer->reply_cv.notify_all();
   std::lock_guard lock(peers_mutex);
   if (auto it = peers.find(peer->blob); it != peers.end() && it->second == peer) peers.erase(it);

@@ -72,7 +72,8 @@ bool same(const struct sigaction& a, const struct sigaction& b) {
 }  // namespace
 
 signal_dispositions_kept::signal_dispositions_kept() : saved_(std::make_unique<saved>()) {
-  for (int s = 1; s < NSIG; ++s) saved_->known[s] = ::sigaction(s, nullptr, &saved_->action[s]) == 0;
+  for (int s = 1; s < NSIG; ++s)
+    saved_->known[s] = ::sigaction(s, nullptr, &saved_->action[s]) == 0;
 }
 
 signal_dispositions_kept::~signal_dispositions_kept() {

@@ -149,8 +149,8 @@ bool context::impl::prepare_wait() {
 
 result<std::size_t> context::impl::wait_notifications(std::chrono::milliseconds timeout) {
   const auto start = clock::now();
-  const auto deadline = timeout == std::chrono::milliseconds::max() ? clock::time_point::max()
-                                                                   : start + timeout;
+  const auto deadline =
+      timeout == std::chrono::milliseconds::max() ? clock::time_point::max() : start + timeout;
   for (;;) {
     if (std::size_t n = poll_notifications()) return n;
     auto now = clock::now();

@@ -60,8 +60,8 @@ result<import_request_view> parse_import_request(std::span<const std::uint8_t> b
     return errc::protocol_error;
   v.name = text_of(body.subspan(sizeof v.request));
   // A view of the body's own bytes, not of v.request's copy: v is returned by value.
-  const auto provider = body.subspan(offsetof(wire::import_request_body, provider),
-                                     sizeof v.request.provider);
+  const auto provider =
+      body.subspan(offsetof(wire::import_request_body, provider), sizeof v.request.provider);
   v.provider = text_of(provider.first(strnlen(v.request.provider, sizeof v.request.provider)));
   return v;
 }

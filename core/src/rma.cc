@@ -77,8 +77,7 @@ inline void copy_pieces(const import_entry& imp, std::span<const send_piece> pie
 }
 }  // namespace
 
-result<bool> context::impl::send_gathered(import_handle handle,
-                                          std::span<const send_piece> pieces,
+result<bool> context::impl::send_gathered(import_handle handle, std::span<const send_piece> pieces,
                                           send_options options) {
   import_ptr imp = find_import(handle);
   if (!imp) return errc::unknown_handle;
@@ -138,8 +137,7 @@ status sender::send(std::uint64_t offset, const void* source, std::size_t length
 status sender::send(std::span<const send_piece> pieces, send_options options) {
   if (!import_) return errc::unknown_handle;
   const import_entry& imp = *import_;
-  if (imp.released.load(std::memory_order_acquire) ||
-      imp.revoked.load(std::memory_order_acquire))
+  if (imp.released.load(std::memory_order_acquire) || imp.revoked.load(std::memory_order_acquire))
     return errc::unknown_handle;
   // Notifications and the fabric path take the general route.
   if (!imp.map || options.notify) return owner_->send(handle_, pieces, options);
@@ -222,8 +220,8 @@ result<std::shared_ptr<op>> context::impl::start_transfer(import_handle handle,
       h.type = static_cast<std::uint32_t>(wire::record_type::inline_update);
       s = post_record(imp, o, h, buffer);
     } else {
-      s = ep.post_write(o, imp->fi_address, buffer, length, imp->remote_address + offset,
-                        imp->key, alive);
+      s = ep.post_write(o, imp->fi_address, buffer, length, imp->remote_address + offset, imp->key,
+                        alive);
       // Ordered after the data (FI_ORDER_WAW): the handler sees it in place.
       if (s) s = post_record(imp, o, h, nullptr);
     }
@@ -250,9 +248,9 @@ status context::impl::post_record(const import_ptr& imp, const std::shared_ptr<o
     imp->in_flight.fetch_add(1, std::memory_order_acq_rel);
     std::uint64_t head = 0;
     ep.begin(reader);
-    status s = ep.post_read(reader, imp->fi_address, &head, sizeof head,
-                            p.ring_address + offsetof(wire::fabric_ring, head), p.ring_key,
-                            p.alive);
+    status s =
+        ep.post_read(reader, imp->fi_address, &head, sizeof head,
+                     p.ring_address + offsetof(wire::fabric_ring, head), p.ring_key, p.alive);
     ep.finish_posting(reader, s.error());
     if (s) s = wait_op(*reader, clock::time_point::max());
     if (!s) return s;
@@ -288,8 +286,7 @@ status context::impl::wait_op(op& o, clock::time_point deadline) {
     if (!ep) return errc::peer_gone;
     ep->abandon(o);
     const auto patience = clock::now() + std::chrono::milliseconds(200);
-    while (o.lands_in_caller && !o.done.load(std::memory_order_acquire) &&
-           clock::now() < patience)
+    while (o.lands_in_caller && !o.done.load(std::memory_order_acquire) && clock::now() < patience)
       ep->progress();
     return errc::peer_gone;
   };
@@ -355,7 +352,7 @@ result<completion> context::impl::wait(request r, std::chrono::milliseconds time
     o = it->second;
   }
   auto deadline = timeout == std::chrono::milliseconds::max() ? clock::time_point::max()
-                                                             : clock::now() + timeout;
+                                                              : clock::now() + timeout;
   status s = wait_op(*o, deadline);
   if (s.is(errc::timed_out)) return errc::timed_out;  // still pending; may be waited again
   std::lock_guard lock(requests_mutex);

@@ -43,10 +43,11 @@ unique_fd sized_memfd(std::size_t bytes, const char* name) {
 // with one call, so no thread sees a hole.
 bool move_pages(std::byte* at, std::size_t length, int from, std::uint64_t from_offset, int to,
                 std::uint64_t to_offset) {
-  void* staging =
-      ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, to, static_cast<off_t>(to_offset));
+  void* staging = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, to,
+                         static_cast<off_t>(to_offset));
   if (staging == MAP_FAILED) return false;
-  const auto first = static_cast<off_t>(from_offset), end = static_cast<off_t>(from_offset + length);
+  const auto first = static_cast<off_t>(from_offset),
+             end = static_cast<off_t>(from_offset + length);
   for (off_t data = first; data < end;) {
     data = ::lseek(from, data, SEEK_DATA);
     if (data < 0 || data >= end) break;  // ENXIO: no data after it
@@ -164,8 +165,8 @@ mapping::~mapping() {
 void mapping::retire() {
   if (!base) return;
   // MAP_FIXED replaces the range atomically for every thread of the process.
-  void* p = ::mmap(base, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED,
-                   -1, 0);
+  void* p =
+      ::mmap(base, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
   if (p == MAP_FAILED) {
     // Cannot swap (no memory for page tables): make the range inaccessible
     // rather than leave the peer's pages writable.

@@ -75,10 +75,17 @@ bool parse_number(std::string_view text, bool allow_suffix, std::int64_t& out) {
   if (i < text.size()) {
     if (!allow_suffix || i + 1 != text.size()) return false;
     switch (std::tolower(static_cast<unsigned char>(text[i]))) {
-      case 'k': v <<= 10; break;
-      case 'm': v <<= 20; break;
-      case 'g': v <<= 30; break;
-      default: return false;
+      case 'k':
+        v <<= 10;
+        break;
+      case 'm':
+        v <<= 20;
+        break;
+      case 'g':
+        v <<= 30;
+        break;
+      default:
+        return false;
     }
   }
   out = negative ? -v : v;
@@ -121,7 +128,9 @@ std::int64_t setting_integer(const setting& s) {
   return v;
 }
 
-std::string setting_string(const setting& s) { return setting_text(s); }
+std::string setting_string(const setting& s) {
+  return setting_text(s);
+}
 
 void register_settings(std::span<const setting> table) {
   std::lock_guard lock(registry_mutex());

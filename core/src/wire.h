@@ -55,7 +55,7 @@ struct frame_header {
 static_assert(sizeof(frame_header) == 12);
 
 struct hello_body {
-  std::uint32_t uid;           // claimed uid (verified with SO_PEERCRED on Unix sockets)
+  std::uint32_t uid;  // claimed uid (verified with SO_PEERCRED on Unix sockets)
   std::uint32_t pid;
   std::uint32_t address_length;  // followed by that many bytes of address blob
 };
@@ -78,18 +78,18 @@ struct hello_proof_body {
 
 struct import_request_body {
   std::uint64_t request_id;
-  std::uint32_t want_mapped;   // importer can map memfds (same host, mapped path enabled)
-  std::uint32_t name_length;   // followed by the name
-  char provider[32];           // fabric provider the importer will use, NUL padded
+  std::uint32_t want_mapped;  // importer can map memfds (same host, mapped path enabled)
+  std::uint32_t name_length;  // followed by the name
+  char provider[32];          // fabric provider the importer will use, NUL padded
 };
 
 struct import_reply_body {
   std::uint64_t request_id;
-  std::uint32_t status;        // vmmc::errc
+  std::uint32_t status;  // vmmc::errc
   std::uint32_t export_id;
   std::uint64_t length;
   std::uint32_t rights;
-  std::uint32_t mapped;        // 1: an fd rides along; map [segment_offset, +length)
+  std::uint32_t mapped;  // 1: an fd rides along; map [segment_offset, +length)
   std::uint64_t segment_offset;
   std::uint64_t remote_address;  // fabric: address to pass to fi_write for offset 0
   std::uint64_t key;             // fabric: MR key
@@ -123,7 +123,7 @@ struct record_header {
   std::uint32_t magic;
   std::uint32_t type;
   std::uint32_t export_id;
-  std::uint32_t notify;   // 1 when the exporter's handler must run
+  std::uint32_t notify;  // 1 when the exporter's handler must run
   std::uint64_t offset;
   std::uint64_t length;
   std::uint64_t value;

@@ -91,7 +91,8 @@ result<bool> mailbox::try_send(const wire::header& h, const void* payload) {
     credit_ = load(area_->credit);
     if (sent_ - credit_ >= mailbox_slots) return false;
   }
-  const std::size_t slot = offsetof(mailbox_area, slots) + (sent_ % mailbox_slots) * sizeof(mailbox_slot);
+  const std::size_t slot =
+      offsetof(mailbox_area, slots) + (sent_ % mailbox_slots) * sizeof(mailbox_slot);
   // Counted before it is written: a peer arming to sleep must learn of it.
   store(area_->own_sent, sent_ + 1);
   // Header, payload, then the stamp that validates them, in one gathered

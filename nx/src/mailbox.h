@@ -69,12 +69,12 @@ class mailbox {
   core::sender to_peer_;        // its hot path
   bool attached_ = false;
 
-  std::uint64_t sent_ = 0;        // messages placed in the peer's slots
-  std::uint64_t credit_ = 0;      // of those, how many the peer consumed (last read)
-  std::uint64_t last_rung_ = 0;   // the peer's arming epoch we last answered
-  std::uint64_t taken_ = 0;       // messages consumed from our slots
-  std::uint64_t credited_ = 0;    // `taken_` as last told to the peer
-  std::uint64_t arm_epoch_ = 0;   // our arming, as last written to the peer
+  std::uint64_t sent_ = 0;          // messages placed in the peer's slots
+  std::uint64_t credit_ = 0;        // of those, how many the peer consumed (last read)
+  std::uint64_t last_rung_ = 0;     // the peer's arming epoch we last answered
+  std::uint64_t taken_ = 0;         // messages consumed from our slots
+  std::uint64_t credited_ = 0;      // `taken_` as last told to the peer
+  std::uint64_t arm_epoch_ = 0;     // our arming, as last written to the peer
   std::size_t prefetch_lines_ = 0;  // slot lines past the stamp's to pull in while polling
 };
 

@@ -169,15 +169,15 @@ class runtime {
     bool complete = false;
   };
   struct peer {
-    lane link;                         // the stream, both ways
-    std::unique_ptr<mailbox> mail;     // small messages, both ways (null on TCP)
-    std::uint32_t next_sequence = 0;   // of our next message to this peer
-    std::uint32_t expected = 0;        // sequence of its next message to us
-    bool remote = false;       // other host (core::host_identity): doorbells do not reach it
-    bool shares_cpus = false;  // same kernel, whatever its network namespace
-    bool closed = false;  // ended its stream (orderly exit), or killed by us
-    bool ready = false;   // its start-up is complete (wire::ready came)
-    bool ended = false;   // its last message came (wire::end): nothing more will
+    lane link;                        // the stream, both ways
+    std::unique_ptr<mailbox> mail;    // small messages, both ways (null on TCP)
+    std::uint32_t next_sequence = 0;  // of our next message to this peer
+    std::uint32_t expected = 0;       // sequence of its next message to us
+    bool remote = false;              // other host (core::host_identity): doorbells do not reach it
+    bool shares_cpus = false;         // same kernel, whatever its network namespace
+    bool closed = false;              // ended its stream (orderly exit), or killed by us
+    bool ready = false;               // its start-up is complete (wire::ready came)
+    bool ended = false;               // its last message came (wire::end): nothing more will
     pid_t pid = 0;
     std::deque<outgoing> queue;
     // the message being read

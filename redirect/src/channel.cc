@@ -203,7 +203,7 @@ class channel::impl {
 
   // The peer's area.
   core::import_handle peer{};
-  core::sender to_peer;  // sends into the peer's area
+  core::sender to_peer;               // sends into the peer's area
   std::atomic<bool> attached{false};  // set once by attach(), read by any thread
   // attach() found the peer gone, or its area withdrawn (its end destroyed):
   // what it wrote into our area before it went is all there will be.
@@ -402,10 +402,10 @@ std::size_t channel::impl::redirect_into_post(const std::byte* data, std::size_t
   full_fence();  // pairs with the poster's withdraw-then-fetch
   std::size_t placed = 0;
   std::uint64_t start = stream_sent;
-  const auto [offset, n] = load(area->withdrawn) < id
-                               ? detail::place_in_post(load(p.stream_position), load(p.length),
-                                                       start, length)
-                               : detail::post_placement{};
+  const auto [offset, n] =
+      load(area->withdrawn) < id
+          ? detail::place_in_post(load(p.stream_position), load(p.length), start, length)
+          : detail::post_placement{};
   if (n > 0) {
     std::string name(p.name, strnlen(p.name, wire::name_max));
     auto it = std::find_if(buffer_imports.begin(), buffer_imports.end(),

@@ -44,8 +44,7 @@ result<hello_copy> copy_hello(const wire::hello& h) {
   const std::uint32_t descriptor_length = once(h.descriptor_length);
   if (user_length > wire::user_hello_max || descriptor_length >= wire::descriptor_max)
     return errc::protocol_error;
-  return hello_copy{std::string(h.user, user_length),
-                    std::string(h.descriptor, descriptor_length)};
+  return hello_copy{std::string(h.user, user_length), std::string(h.descriptor, descriptor_length)};
 }
 
 post_placement place_in_post(std::uint64_t post_position, std::uint64_t post_length,

@@ -305,8 +305,7 @@ bool kernel_writes(const stream& s) {
 bool kernel_reads(const stream& s) {
   if (s.stash && stash_size(s) > 0) return false;
   phase p = s.state.load();
-  return p == phase::plain || p == phase::idle ||
-         (p == phase::upgraded && s.in_reverted.load());
+  return p == phase::plain || p == phase::idle || (p == phase::upgraded && s.in_reverted.load());
 }
 
 ssize_t receive(stream& s, void* buffer, size_t length, int flags, bool rw) {
@@ -492,8 +491,7 @@ bool raw_prefix_done(stream& s) {
 // showed are raw, and those past its count stay in the kernel for
 // drain_doorbells. (Consumed blindly, a revert request behind raw bytes was
 // taken for data and lost, and the peer's fork waited for an answer.)
-ssize_t take_raw(stream& s, char* buffer, size_t length, bool peek, bool no_wait,
-                 bool& at_switch) {
+ssize_t take_raw(stream& s, char* buffer, size_t length, bool peek, bool no_wait, bool& at_switch) {
   at_switch = false;
   if (learn_peer_raw(s)) {
     std::uint64_t remaining = *s.peer_raw - s.tcp_in;

@@ -24,9 +24,9 @@ std::optional<std::uint64_t> parse_raw_count(std::string_view hello);
 // The records at the front of TCP bytes after the peer's switch: doorbells
 // and revert requests up to the first end record (or all, without one).
 struct record_scan {
-  std::size_t take = 0;               // bytes to consume (<= the bytes given)
-  bool revert_asked = false;          // a revert request among them
-  std::optional<std::uint64_t> end;   // a whole end record's channel byte count
+  std::size_t take = 0;              // bytes to consume (<= the bytes given)
+  bool revert_asked = false;         // a revert request among them
+  std::optional<std::uint64_t> end;  // a whole end record's channel byte count
 };
 // An end record cut short stops `take` before it: it is taken whole later.
 record_scan scan_records(std::span<const unsigned char> bytes);

@@ -353,7 +353,9 @@ namespace vmmc::sockets {
 
 using namespace detail;
 
-int stack_cloexec() noexcept { return core::opening_for_the_stack() ? SOCK_CLOEXEC : 0; }
+int stack_cloexec() noexcept {
+  return core::opening_for_the_stack() ? SOCK_CLOEXEC : 0;
+}
 
 bool interposer_enabled() {
   return core::setting_bool(settings::preload_enable);

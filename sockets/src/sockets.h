@@ -115,7 +115,7 @@ struct stream {
   std::atomic<int> tcp_error{0};
   std::atomic<bool> tcp_error_told{false};
   std::atomic<std::int64_t> next_tcp_look{0};  // see tcp_failed() (io.cc)
-  std::atomic<int> pending_error{0};   // an error to report on the next call (errno)
+  std::atomic<int> pending_error{0};           // an error to report on the next call (errno)
   std::atomic<std::uint64_t> doorbells_in{0};
   // Sleeping on the doorbell (handshake.cc, sleep_on_doorbell).
   std::mutex sleep_mutex;
@@ -204,7 +204,7 @@ stream_ptr adopt(int fd, bool is_client);  // starts managing a TCP descriptor
 // Whatever brings the layer in (the interposer, vRPC, a program linked with
 // it) gets fork() right: installed with the first stream (revert.cc).
 void install_fork_handlers();
-void alias(int fd, const stream_ptr& s);   // `fd` names `s` too (dup)
+void alias(int fd, const stream_ptr& s);  // `fd` names `s` too (dup)
 // Drops `fd` from the table; returns the stream if that was its last name.
 stream_ptr release_slot(int fd);
 void forget(int fd);
@@ -238,7 +238,7 @@ std::optional<fallback> keep_on_tcp_to(bool peer_here);
 // --- handshake.cc
 // Sends all of a small control message, waiting for the socket (bounded).
 bool send_all(int fd, const void* data, std::size_t length, int flags);
-void send_offer(stream& s);       // client: right after the connection is up
+void send_offer(stream& s);  // client: right after the connection is up
 // Server channels made for an offer whose client has not said hello yet
 // (each holds a memfd descriptor and a mapping): at most a quarter of the
 // process's descriptor limit, and at least 64. A flood of offer bytes then
@@ -248,10 +248,10 @@ int max_awaiting_client();
 void release_awaiting_slot(stream& s);
 bool check_connected(stream& s);  // connecting -> undecided once connected
 void try_decide(stream& s, bool wait_for_first_byte);
-bool peer_ready(stream& s);          // our channel hello may be placed now
-void advance_upgrade(stream& s);     // places it unless a writer is busy (it will)
+bool peer_ready(stream& s);       // our channel hello may be placed now
+void advance_upgrade(stream& s);  // places it unless a writer is busy (it will)
 void place_hello_locked(stream& s, bool ring_now = true);  // with write_mutex held
-bool learn_peer_raw(stream& s);      // true once the peer's N is known
+bool learn_peer_raw(stream& s);                            // true once the peer's N is known
 // Wakes the peer if it sleeps on TCP (the channel rings for data or space).
 // Any thread: the doorbell never enters our raw prefix (owed until our hello
 // is placed) nor follows our end record.

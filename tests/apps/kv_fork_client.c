@@ -113,7 +113,8 @@ int main(int argc, char** argv) {
   pid_t pid = fork(); /* 2: the inherited CLIENT, while the parent waits */
   if (pid == 0) {
     uint64_t hc = 0;
-    int rc = round_trip(c, "inherited", 1, v, size, &hc) || round_trip(c, "parent", 2, v, size, &hc);
+    int rc =
+        round_trip(c, "inherited", 1, v, size, &hc) || round_trip(c, "parent", 2, v, size, &hc);
     _exit(rc == 0 ? 0 : 1);
   }
   int ws;

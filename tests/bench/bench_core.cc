@@ -52,7 +52,7 @@ struct plan {
 };
 
 constexpr std::size_t region_size = (8 << 20) + 4096;
-constexpr std::size_t stream_window = 32;  // as the raw reference
+constexpr std::size_t stream_window = 32;      // as the raw reference
 constexpr std::size_t copied_send_max = 4096;  // VMMC_CORE_INLINE_MAX default
 
 [[noreturn]] void fail(const char* what, std::error_code ec) {
@@ -92,7 +92,8 @@ struct session {
     eo.on_notify = [this](const notification&) {
       notified.fetch_add(1, std::memory_order_relaxed);
     };
-    if (auto e = ctx->export_buffer("bench", region, region_size, eo); !e) fail("export", e.error());
+    if (auto e = ctx->export_buffer("bench", region, region_size, eo); !e)
+      fail("export", e.error());
     std::string peer_address;
     if (parent) {
       link.send(ctx->address());
@@ -148,7 +149,8 @@ struct session {
         continue;
       }
       if (window.size() == stream_window) {
-        if (auto c = ctx->wait(window.front()); !c || c->error) fail("wait", c ? c->error : c.error());
+        if (auto c = ctx->wait(window.front()); !c || c->error)
+          fail("wait", c ? c->error : c.error());
         window.erase(window.begin());
       }
       auto r = ctx->send_async(peer, 0, source, size);
@@ -282,8 +284,8 @@ ours_results measure_ours(const variant& v, const std::vector<std::size_t>& lat_
         session s(v, link, true);
         auto one = [&](experiment what, std::size_t size, std::size_t probe, auto value) {
           return calibrated_median(
-              quick, probe, 2'000'000, [&](std::size_t n) { return measure(s, link, what, size, n); },
-              value);
+              quick, probe, 2'000'000,
+              [&](std::size_t n) { return measure(s, link, what, size, n); }, value);
         };
         auto one_way_us = [](double sec, std::size_t n) {
           return sec / static_cast<double>(n) / 2 * 1e6;

@@ -24,7 +24,8 @@ const std::string support = std::string(VMMC_SOURCE_DIR) + "/tests/support/";
 
 // Runs `script` after sourcing tests/support/bridged_hosts.sh.
 int with_bridged_hosts(const std::string& script) {
-  return std::system(("bash -c 'set -e; . " + support + "bridged_hosts.sh; " + script + "'").c_str());
+  return std::system(
+      ("bash -c 'set -e; . " + support + "bridged_hosts.sh; " + script + "'").c_str());
 }
 
 // Hosts a, b and c: a network namespace each ("<prefix>-a" ...), at

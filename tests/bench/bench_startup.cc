@@ -168,10 +168,10 @@ void run_startup_benchmark(const options& opts, std::vector<result_row>& rows) {
   std::vector<double> later_ours, later_kernel;
   for (int r = 0; r < 3; ++r) {
     for (bool o : {true, false}) {
-      auto [text, seconds] = run({VMMC_STARTUP_PEER, "client",
-                                  std::to_string(o ? ours.port : kernel.port),
-                                  std::to_string(later / 3 + 1)},
-                                 o ? vmmc : "");
+      auto [text, seconds] =
+          run({VMMC_STARTUP_PEER, "client", std::to_string(o ? ours.port : kernel.port),
+               std::to_string(later / 3 + 1)},
+              o ? vmmc : "");
       auto v = numbers(text);
       if (v.size() < 2) throw std::runtime_error("startup client printed " + text);
       auto& to = o ? later_ours : later_kernel;

@@ -48,8 +48,8 @@ int serve() {
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t len = sizeof a;
-  if (l < 0 || ::bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(l, 1024) != 0 ||
-      ::getsockname(l, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+  if (l < 0 || ::bind(l, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::listen(l, 1024) != 0 || ::getsockname(l, reinterpret_cast<sockaddr*>(&a), &len) != 0)
     die("listen");
   std::printf("%d\n", ntohs(a.sin_port));
   std::fflush(stdout);

@@ -18,8 +18,7 @@ std::string digits_of(std::string_view text, std::string_view key) {
   for (std::size_t pos = 0; pos < text.size();) {
     std::size_t end = std::min(text.find(';', pos + 1), text.size());
     std::string_view field = text.substr(pos + 1, end - pos - 1);
-    if (field.size() > key.size() && field.substr(0, key.size()) == key &&
-        field[key.size()] == '=')
+    if (field.size() > key.size() && field.substr(0, key.size()) == key && field[key.size()] == '=')
       last = field.substr(key.size() + 1);
     pos = end;
   }

@@ -24,8 +24,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     std::size_t total = 0;  // take_whole: header and payload in one read
     check(!__builtin_add_overflow(sizeof h, static_cast<std::size_t>(h.length), &total));
     // What the sender builds for these fields is accepted too.
-    auto again = wire::make_header(h.space, static_cast<long>(h.type),
-                                   static_cast<long>(h.length), static_cast<long>(h.ptype));
+    auto again = wire::make_header(h.space, static_cast<long>(h.type), static_cast<long>(h.length),
+                                   static_cast<long>(h.ptype));
     check(wire::valid(again));
   }
   if (wire::valid_in_mailbox(h)) {

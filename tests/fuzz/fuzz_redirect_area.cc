@@ -74,10 +74,18 @@ void report(vmmc::fuzz::input& in) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   vmmc::fuzz::input in(data, size);
   switch (in.take<std::uint8_t>() % 4) {
-    case 0: area(in); break;
-    case 1: hello(in); break;
-    case 2: post(in); break;
-    default: report(in); break;
+    case 0:
+      area(in);
+      break;
+    case 1:
+      hello(in);
+      break;
+    case 2:
+      post(in);
+      break;
+    default:
+      report(in);
+      break;
   }
   return 0;
 }

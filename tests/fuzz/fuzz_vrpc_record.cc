@@ -91,9 +91,11 @@ std::optional<call> read_call(record_stream& s) {
   check(msg.rm_direction == CALL);
   check(msg.rm_call.cb_cred.oa_length <= MAX_AUTH_BYTES);
   check(msg.rm_call.cb_verf.oa_length <= MAX_AUTH_BYTES);
-  call c{static_cast<std::uint32_t>(msg.rm_xid), static_cast<std::uint32_t>(msg.rm_call.cb_prog),
+  call c{static_cast<std::uint32_t>(msg.rm_xid),
+         static_cast<std::uint32_t>(msg.rm_call.cb_prog),
          static_cast<std::uint32_t>(msg.rm_call.cb_vers),
-         static_cast<std::uint32_t>(msg.rm_call.cb_proc), {}};
+         static_cast<std::uint32_t>(msg.rm_call.cb_proc),
+         {}};
   char* bytes = nullptr;
   u_int length = 0;
   const std::uint32_t before = s.position();

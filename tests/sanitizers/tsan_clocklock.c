@@ -20,8 +20,8 @@ int pthread_mutex_clocklock(pthread_mutex_t* mutex, clockid_t clock,
   struct timespec now_mono, now_real, real_deadline;
   clock_gettime(CLOCK_MONOTONIC, &now_mono);
   clock_gettime(CLOCK_REALTIME, &now_real);
-  long long left = (deadline->tv_sec - now_mono.tv_sec) * 1000000000LL +
-                   (deadline->tv_nsec - now_mono.tv_nsec);
+  long long left =
+      (deadline->tv_sec - now_mono.tv_sec) * 1000000000LL + (deadline->tv_nsec - now_mono.tv_nsec);
   if (left < 0) left = 0;
   long long at = now_real.tv_sec * 1000000000LL + now_real.tv_nsec + left;
   real_deadline.tv_sec = (time_t)(at / 1000000000LL);

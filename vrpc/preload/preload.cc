@@ -45,8 +45,8 @@ bool ours_to_take(const netbuf* raddr) {
 
 extern "C" {
 
-CLIENT* clnt_vc_create(int fd, const netbuf* raddr, rpcprog_t prog, rpcvers_t vers,
-                       u_int sendsz, u_int recvsz) {
+CLIENT* clnt_vc_create(int fd, const netbuf* raddr, rpcprog_t prog, rpcvers_t vers, u_int sendsz,
+                       u_int recvsz) {
   static auto next =
       real<CLIENT* (*)(int, const netbuf*, rpcprog_t, rpcvers_t, u_int, u_int)>("clnt_vc_create");
   if (ours_to_take(raddr) && vmmc::sockets::take_over(fd) == 0)

@@ -127,8 +127,8 @@ TEST_P(Model, SendsLandExactlyAndNotifyAfterTheData) {
   std::vector<std::byte> expected(region.size(), std::byte{0});
   core::export_options o;
   o.on_notify = [&](const core::notification& n) {
-    data_was_there &= std::memcmp(region.data() + n.offset, expected.data() + n.offset,
-                                  n.length) == 0;
+    data_was_there &=
+        std::memcmp(region.data() + n.offset, expected.data() + n.offset, n.length) == 0;
     got.push_back(n);
     ++seen;
   };
@@ -160,8 +160,8 @@ TEST_P(Model, FetchReadsWhatTheExporterHas) {
   core::export_options o;
   o.allowed = rights::read;
   auto h = export_and_import(region, "readable", o);
-  for (std::size_t size : {std::size_t{1}, std::size_t{100}, std::size_t{4096},
-                           std::size_t{100000}, region.size()}) {
+  for (std::size_t size :
+       {std::size_t{1}, std::size_t{100}, std::size_t{4096}, std::size_t{100000}, region.size()}) {
     std::vector<std::byte> out(size);
     std::uint64_t offset = region.size() - size;
     ASSERT_TRUE(importer().fetch(h, offset, out.data(), size).ok()) << size;
@@ -211,8 +211,7 @@ TEST_P(Model, AsyncRequestsReturnTheirContext) {
   auto f = importer().fetch_async(h, 15 << 15, back.data(), back.size(), &contexts[0]);
   ASSERT_TRUE(f);
   result<core::completion> c = errc::would_block;
-  for (int spins = 0; spins < 1000000 && c.is(errc::would_block); ++spins)
-    c = importer().test(*f);
+  for (int spins = 0; spins < 1000000 && c.is(errc::would_block); ++spins) c = importer().test(*f);
   ASSERT_TRUE(c) << c.error().message();
   EXPECT_EQ(c->user_context, &contexts[0]);
   EXPECT_EQ(std::memcmp(back.data(), sources[15].data(), back.size()), 0);
@@ -274,8 +273,9 @@ TEST_P(Model, ManyNotificationsNoneLost) {
   std::thread sender([&] {
     for (int i = 1; i <= count; ++i) {
       std::uint32_t v = static_cast<std::uint32_t>(i);
-      ASSERT_TRUE(importer().send(h, (i % 100) * 4, &v, sizeof v,
-                                  {true, static_cast<std::uint64_t>(i)}).ok());
+      ASSERT_TRUE(importer()
+                      .send(h, (i % 100) * 4, &v, sizeof v, {true, static_cast<std::uint64_t>(i)})
+                      .ok());
     }
   });
   await_notifications(seen, count);
@@ -319,8 +319,13 @@ TEST_P(Model, BadRangesAndRightsChangeNothing) {
   struct bad {
     std::uint64_t offset;
     std::size_t length;
-  } cases[] = {{n, 1}, {n - 1, 2}, {0, n + 1}, {n + 4096, 8}, {~std::uint64_t{0}, 2},
-               {~std::uint64_t{0} - 3, 8}, {8, static_cast<std::size_t>(-8)}};
+  } cases[] = {{n, 1},
+               {n - 1, 2},
+               {0, n + 1},
+               {n + 4096, 8},
+               {~std::uint64_t{0}, 2},
+               {~std::uint64_t{0} - 3, 8},
+               {8, static_cast<std::size_t>(-8)}};
   for (const bad& b : cases) {
     EXPECT_TRUE(importer().send(w, b.offset, junk.data(), b.length).is(errc::out_of_range))
         << b.offset << "+" << b.length;
@@ -373,8 +378,8 @@ TEST_P(Model, GatheredSendsLandInOrderOrNotAtAll) {
   auto h = export_and_import(region, "gathered");
   auto a = pattern(100, 1), b = pattern(3000, 2);
   const std::uint64_t flag = 0x1122334455667788;
-  const core::send_piece pieces[] = {{16, a.data(), a.size()}, {4096, b.data(), b.size()},
-                                     {0, &flag, sizeof flag}};
+  const core::send_piece pieces[] = {
+      {16, a.data(), a.size()}, {4096, b.data(), b.size()}, {0, &flag, sizeof flag}};
   ASSERT_TRUE(importer().send(h, pieces).ok());
   // The flag lands last: once it is seen, the pieces before it are there.
   EXPECT_EQ(await_word(region.data()), flag);
@@ -534,16 +539,18 @@ TEST_P(Model, ConcurrentSendersToOneExport) {
     senders.emplace_back([&, t] {
       auto data = pattern(4096 + 1000 * static_cast<std::size_t>(t), static_cast<unsigned>(t));
       for (int i = 0; i < per_thread; ++i)
-        ASSERT_TRUE(importer().send(h, static_cast<std::uint64_t>(t) << 19, data.data(),
-                                    data.size(), {true, 0}).ok());
+        ASSERT_TRUE(
+            importer()
+                .send(h, static_cast<std::uint64_t>(t) << 19, data.data(), data.size(), {true, 0})
+                .ok());
     });
   for (auto& s : senders) s.join();
   await_notifications(seen, threads * per_thread);
   for (int t = 0; t < threads; ++t) {
     auto data = pattern(4096 + 1000 * static_cast<std::size_t>(t), static_cast<unsigned>(t));
-    EXPECT_EQ(std::memcmp(region.data() + (static_cast<std::size_t>(t) << 19), data.data(),
-                          data.size()),
-              0);
+    EXPECT_EQ(
+        std::memcmp(region.data() + (static_cast<std::size_t>(t) << 19), data.data(), data.size()),
+        0);
   }
 }
 

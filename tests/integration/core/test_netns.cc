@@ -25,7 +25,9 @@ VMMC_TEST_TEMPORARY_USER_KEY;
 
 using namespace std::chrono_literals;
 
-int run(const std::string& command) { return std::system((command + " >/dev/null 2>&1").c_str()); }
+int run(const std::string& command) {
+  return std::system((command + " >/dev/null 2>&1").c_str());
+}
 
 // In a forked child: enter `ns` and use tcp.
 bool enter(const std::string& ns) {
@@ -62,7 +64,8 @@ class CrossHost : public testing::Test {
     ASSERT_EQ(run("ip link add " + veth_a_ + " type veth peer name " + veth_b_), 0);
     ASSERT_EQ(run("ip link set " + veth_a_ + " netns " + ns_a_), 0);
     ASSERT_EQ(run("ip link set " + veth_b_ + " netns " + ns_b_), 0);
-    for (auto [ns, dev, ip] : {std::tuple{ns_a_, veth_a_, ip_a_}, std::tuple{ns_b_, veth_b_, ip_b_}}) {
+    for (auto [ns, dev, ip] :
+         {std::tuple{ns_a_, veth_a_, ip_a_}, std::tuple{ns_b_, veth_b_, ip_b_}}) {
       ASSERT_EQ(run("ip -n " + ns + " addr add " + ip + "/24 dev " + dev), 0);
       ASSERT_EQ(run("ip -n " + ns + " link set " + dev + " up"), 0);
       ASSERT_EQ(run("ip -n " + ns + " link set lo up"), 0);

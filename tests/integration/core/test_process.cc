@@ -175,7 +175,9 @@ TEST_P(Process, GarbageOnTheControlListenerIsRefused) {
   const std::string garbage[] = {
       "GET / HTTP/1.0\r\n\r\n",
       std::string("VMMC\x01\x00\x01\x00\xff\xff\xff\x7f", 12),  // magic, huge length
-      std::string("VMMC\x01\x00\x03\x00\x04\x00\x00\x00" "abcd", 16),  // import before hello
+      std::string("VMMC\x01\x00\x03\x00\x04\x00\x00\x00"
+                  "abcd",
+                  16),  // import before hello
       std::string("VMMC\x01\x00\x01\x00\x10\x00\x00\x00", 12) + std::string(16, '\xff'),
       std::string(100000, '\0'),
   };

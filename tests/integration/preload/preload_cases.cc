@@ -528,7 +528,7 @@ int fork_after_accept_server(bool sandboxed) {
       send_pattern(c, 0, small);
       ::close(c);
       if (sandboxed) _exit(0);  // LeakSanitizer's exit check would need ptrace
-      std::exit(0);  // exit handlers run: the parent's channels are left alone
+      std::exit(0);             // exit handlers run: the parent's channels are left alone
     }
     ::close(c);  // the child's now
     children.push_back(child);
@@ -1036,8 +1036,8 @@ int one_request_clients(int port, int count) {
       ssize_t n = ::read(fd, answer.data() + got, answer.size() - got);
       if (n == 0) break;
       if (n < 0) {
-        std::fprintf(stderr, "[%d] FAIL: request %d: read after %zu of %zu bytes: %s\n",
-                     ::getpid(), i, got, answer_size, std::strerror(errno));
+        std::fprintf(stderr, "[%d] FAIL: request %d: read after %zu of %zu bytes: %s\n", ::getpid(),
+                     i, got, answer_size, std::strerror(errno));
         return 1;
       }
       got += static_cast<std::size_t>(n);
@@ -1062,7 +1062,9 @@ int server_closes_first_case() {
 // interposer's, which has torn the context down by then. ab died with
 // SIGSEGV at exit (a channel detaching from the destroyed context).
 int atexit_epoll_fd = -1;
-void close_epoll_at_exit() { ::close(atexit_epoll_fd); }
+void close_epoll_at_exit() {
+  ::close(atexit_epoll_fd);
+}
 
 int atexit_epoll_client(int port) {
   std::atexit(close_epoll_at_exit);  // before the interposer's own
@@ -1458,8 +1460,7 @@ int rpc_create_variants(const char* host, rpcprog_t program, rpcvers_t version,
       {"clnt_tp_create_timed",
        [&] { return ::clnt_tp_create_timed(host, program, version, tcp, &patience); }, false},
       {"clnt_tli_create",
-       [&] { return ::clnt_tli_create(RPC_ANYSOCK, tcp, &server, program, version, 0, 0); },
-       false},
+       [&] { return ::clnt_tli_create(RPC_ANYSOCK, tcp, &server, program, version, 0, 0); }, false},
       {"clnt_vc_create",
        [&] { return ::clnt_vc_create(own_fd = unconnected(), &server, program, version, 0, 0); },
        false},
@@ -1497,7 +1498,7 @@ int rpc_create_variants(const char* host, rpcprog_t program, rpcvers_t version,
       auto void_proc = reinterpret_cast<xdrproc_t>(reinterpret_cast<void*>(&xdr_void));
       auto string_proc = reinterpret_cast<xdrproc_t>(reinterpret_cast<void*>(&xdr_wrapstring));
       clnt_stat s = clnt_call(c, 4, void_proc, nullptr, string_proc,
-                                reinterpret_cast<caddr_t>(&answer), patience);
+                              reinterpret_cast<caddr_t>(&answer), patience);
       if (s != RPC_SUCCESS) {
         std::fprintf(stderr, "[%d] FAIL %s: call %d: %s\n", ::getpid(), v.name, i,
                      ::clnt_sperrno(s));
@@ -1553,8 +1554,8 @@ void expect_own_signal_handlers(const char* when) {
     const std::string lib = where.dli_fname;
     for (const char* foreign : {"fabric", "psm", "infinipath", "verbs", "efa"})
       if (lib.find(foreign) != std::string::npos) {
-        std::fprintf(stderr, "[%d] FAIL %s: signal %d (%s) is handled by %s\n", ::getpid(), when,
-                     s, ::strsignal(s), lib.c_str());
+        std::fprintf(stderr, "[%d] FAIL %s: signal %d (%s) is handled by %s\n", ::getpid(), when, s,
+                     ::strsignal(s), lib.c_str());
         std::exit(1);
       }
   }
@@ -1643,7 +1644,9 @@ int unchanged_client(int port) {
   return left == 0 ? 0 : 1;
 }
 
-int unchanged_case() { return serve_clients({"select-server", "1", "0"}, {"unchanged-client"}); }
+int unchanged_case() {
+  return serve_clients({"select-server", "1", "0"}, {"unchanged-client"});
+}
 
 // Threads with the smallest stack POSIX allows (PTHREAD_STACK_MIN, as some
 // RPC and embedded programs use) start under the interposer: glibc takes a
@@ -1769,7 +1772,7 @@ int pingpong_client(int port, std::uint64_t m, long ms) {
   peer.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   peer.sin_port = htons(static_cast<std::uint16_t>(port));
   check(::connect(fd, reinterpret_cast<sockaddr*>(&peer), sizeof peer) == 0, "connect");
-  struct sigaction sa{};
+  struct sigaction sa {};
   sa.sa_handler = [](int) { pingpong_stop = 1; };
   ::sigemptyset(&sa.sa_mask);
   sa.sa_flags = 0;  // no SA_RESTART, as sockperf: blocked calls end with EINTR
@@ -1878,7 +1881,8 @@ int main(int argc, char** argv) {
     return one_request_clients(static_cast<int>(arg(2)), static_cast<int>(arg(3)));
   if (role == "exit-sink") return exit_sink_server(static_cast<std::uint64_t>(arg(2)));
   if (role == "exit-writer")
-    return exit_writer(static_cast<int>(arg(2)), static_cast<std::uint64_t>(arg(3)), argc > 4 ? argv[4] : "return");
+    return exit_writer(static_cast<int>(arg(2)), static_cast<std::uint64_t>(arg(3)),
+                       argc > 4 ? argv[4] : "return");
   if (role == "bulk") return bulk_case(static_cast<std::uint64_t>(arg(2)) << 20);
   if (role == "pingpong") return pingpong_case();
   if (role == "inheritance") return inheritance_case();

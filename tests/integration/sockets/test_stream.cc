@@ -11,8 +11,8 @@
 #include <thread>
 #include <vector>
 
-#include "time_scale.h"
 #include "integration/sockets/support.h"
+#include "time_scale.h"
 
 namespace vmmc::test {
 namespace {

@@ -209,7 +209,8 @@ TEST_F(vrpc, sixty_four_mib_arguments_and_results_round_trip_intact) {
 TEST_F(vrpc, server_killed_mid_call_gives_cantrecv_not_a_hang) {
   // The later call writes to a reset connection: SIGPIPE, as with libtirpc
   // (see test_faults.cc), which a client that outlives its server ignores.
-  struct sigaction ignore {}, old{};
+  struct sigaction ignore {
+  }, old{};
   ignore.sa_handler = SIG_IGN;
   sigaction(SIGPIPE, &ignore, &old);
   CLIENT* c = clnt_vmmc_create("127.0.0.1", program, version, server_.port().vmmc);
@@ -246,7 +247,8 @@ TEST_F(vrpc, a_forked_child_that_calls_leaves_the_parents_client_working) {
   ASSERT_GE(child, 0);
   if (child == 0) {
     bool ok = true;
-    for (int i = 0; i < 3; ++i) ok = ok && echo_round_trip(c, "from the child " + std::to_string(i));
+    for (int i = 0; i < 3; ++i)
+      ok = ok && echo_round_trip(c, "from the child " + std::to_string(i));
     std::exit(ok ? 0 : 1);  // exit handlers run
   }
   int status = 0;

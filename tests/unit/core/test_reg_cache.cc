@@ -17,8 +17,8 @@
 
 #include <gtest/gtest.h>
 
-#include "vmmc/core/memory_monitor.h"
 #include "unit/core/file_mapping.h"
+#include "vmmc/core/memory_monitor.h"
 #include "vmmc/core/reg_cache.h"
 
 namespace {

@@ -130,8 +130,8 @@ struct import_info {
 };
 
 struct send_options {
-  bool notify = false;       // run the exporter's handler after the data is in place
-  std::uint64_t value = 0;   // user value carried by the notification
+  bool notify = false;      // run the exporter's handler after the data is in place
+  std::uint64_t value = 0;  // user value carried by the notification
   // send() returns only once this send and every earlier one to the same
   // peer have left this process (libfabric's FI_TRANSMIT_COMPLETE): they then
   // reach the exporter even if this process exits or is killed right after,
@@ -207,7 +207,7 @@ class context;
 namespace detail {
 struct import_entry;
 struct sender_tally;
-}
+}  // namespace detail
 
 // A send path bound to one import, for code that sends to it in a loop: the
 // handle is looked up once, and on the mapped path a send takes no lock and

@@ -16,22 +16,22 @@ namespace vmmc {
 
 enum class errc : int {
   ok = 0,
-  invalid_argument = 1,    // a parameter is malformed (null buffer, zero size, bad flags)
-  out_of_range = 2,        // offset/length falls outside the imported or exported region
-  permission_denied = 3,   // missing right on an import, or the exporter refused the import
-  unknown_export = 4,      // the peer has no export by that name
-  unknown_handle = 5,      // handle was never issued or has been released
-  peer_gone = 6,           // the peer exited, was killed, or the link to it broke
-  timed_out = 7,           // the operation's deadline passed
-  would_block = 8,         // nothing to do now; drive progress and retry
-  protocol_error = 9,      // a peer sent bytes that are not our protocol
-  resource_exhausted = 10, // registration limit, table full, out of memory
-  fabric_error = 11,       // libfabric reported an error we cannot map more precisely
-  system_error = 12,       // an OS call failed (details in the log)
-  already_exists = 13,     // an export of that name is already registered
-  unreachable = 14,        // no path (provider, control connection) reaches the peer
-  not_connected = 15,      // the channel or socket has no peer yet
-  closed = 16,             // this end already closed the direction it is used in
+  invalid_argument = 1,     // a parameter is malformed (null buffer, zero size, bad flags)
+  out_of_range = 2,         // offset/length falls outside the imported or exported region
+  permission_denied = 3,    // missing right on an import, or the exporter refused the import
+  unknown_export = 4,       // the peer has no export by that name
+  unknown_handle = 5,       // handle was never issued or has been released
+  peer_gone = 6,            // the peer exited, was killed, or the link to it broke
+  timed_out = 7,            // the operation's deadline passed
+  would_block = 8,          // nothing to do now; drive progress and retry
+  protocol_error = 9,       // a peer sent bytes that are not our protocol
+  resource_exhausted = 10,  // registration limit, table full, out of memory
+  fabric_error = 11,        // libfabric reported an error we cannot map more precisely
+  system_error = 12,        // an OS call failed (details in the log)
+  already_exists = 13,      // an export of that name is already registered
+  unreachable = 14,         // no path (provider, control connection) reaches the peer
+  not_connected = 15,       // the channel or socket has no peer yet
+  closed = 16,              // this end already closed the direction it is used in
 };
 
 // The category's name is "vmmc"; messages are short English sentences.
@@ -48,7 +48,7 @@ class [[nodiscard]] result {
  public:
   result(T value) : state_(std::move(value)) {}  // NOLINT: implicit by design
   result(errc e) : state_(make_error_code(e)) { assert(e != errc::ok); }  // NOLINT
-  result(std::error_code ec) : state_(ec) { assert(ec); }                   // NOLINT
+  result(std::error_code ec) : state_(ec) { assert(ec); }                 // NOLINT
 
   bool has_value() const noexcept { return state_.index() == 0; }
   explicit operator bool() const noexcept { return has_value(); }

@@ -21,8 +21,8 @@ namespace vmmc::core {
 enum class setting_type { boolean, integer, bytes, string };
 
 struct setting {
-  std::string_view layer;          // "core", "sockets", ...
-  std::string_view name;           // "utlb_limit"
+  std::string_view layer;  // "core", "sockets", ...
+  std::string_view name;   // "utlb_limit"
   setting_type type;
   std::string_view default_value;  // as it would be written in the environment
   std::string_view help;
