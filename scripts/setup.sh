@@ -14,7 +14,8 @@ packages=(build-essential cmake pkg-config libfabric-dev libfabric-bin libboost-
           gfortran                                    # nx: the Fortran interface's test
           sockperf iperf3 redis-server redis-tools    # preload demo: unmodified Debian programs
           nginx apache2-utils curl socat openssh-server openssh-client
-          postgresql)                                 # tests/apps: the apps matrix
+          postgresql                                  # tests/apps: the apps matrix
+          clang-format)                               # tests: style.format
 scripts/install-packages.sh "${packages[@]}"
 
 build_type=${VMMC_BUILD_TYPE:-RelWithDebInfo}
