@@ -16,7 +16,10 @@ function(vmmc_add_layer name)
   set_target_properties(vmmc_${name} PROPERTIES
     EXPORT_NAME ${name}
     VERSION ${PROJECT_VERSION} SOVERSION ${VMMC_SOVERSION}
-    INSTALL_RPATH "$ORIGIN")  # the other layers, wherever the prefix is
+    INSTALL_RPATH "$ORIGIN"  # the other layers, wherever the prefix is
+    # Only the public headers' declarations are exported (they push default
+    # visibility); everything in src/ stays inside the library.
+    CXX_VISIBILITY_PRESET hidden C_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON)
   target_include_directories(vmmc_${name}
     PUBLIC $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}/include>
            $<INSTALL_INTERFACE:${L_HEADERS_TO}>

@@ -41,6 +41,7 @@
 
 #include <sys/types.h> /* pid_t */
 
+#pragma GCC visibility push(default) /* the library's API */
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -325,5 +326,7 @@ long _ginv(long g);
 #ifdef __cplusplus
 }
 #endif
+
+#pragma GCC visibility pop
 
 #endif /* VMMC_NX_H */

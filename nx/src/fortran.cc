@@ -98,9 +98,10 @@ long to_hparam(f_handler plain, f_handlerx extended, f_int hparam) {
 #define NX_FORTRAN_SUFFIX "_"
 #endif
 // Declares Fortran entry point `name`: the C++ function fortran_<name>
-// under the Fortran symbol. `#` and `##` keep `name` from being renamed.
-#define NX_FORTRAN_AS(ret, function, symbol, params)                \
-  extern "C" ret function params __asm__(symbol NX_FORTRAN_SUFFIX); \
+// under the Fortran symbol, exported (fnx.h, Fortran, cannot say so). `#`
+// and `##` keep `name` from being renamed.
+#define NX_FORTRAN_AS(ret, function, symbol, params)                                               \
+  extern "C" [[gnu::visibility("default")]] ret function params __asm__(symbol NX_FORTRAN_SUFFIX); \
   extern "C" ret function params
 #define NX_FORTRAN(ret, name, params) NX_FORTRAN_AS(ret, fortran_##name, #name, params)
 

@@ -23,8 +23,9 @@
 namespace vmmc::sockets::detail::presence {
 
 // Enters the socket `fd` in our user's table; its cookie, 0 if it could not
-// (no table, or the table is full).
-std::uint64_t enter(int fd);
+// (no table, or the table is full). Exported, though not API, for the test
+// suite's hostile and relaying peers that pose as vmmc processes.
+[[gnu::visibility("default")]] std::uint64_t enter(int fd);
 // Takes the cookie's entry out (0: nothing).
 void remove(std::uint64_t cookie);
 // The listening socket a connection to `address` (on this host) would reach

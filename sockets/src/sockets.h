@@ -24,6 +24,7 @@
 #include "vmmc/core/context.h"
 #include "vmmc/core/settings.h"
 #include "vmmc/redirect/channel.h"
+#include "vmmc/sockets/socket.h"
 #include "vmmc/sockets/stat.h"
 
 #if defined(__SANITIZE_ADDRESS__)

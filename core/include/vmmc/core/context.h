@@ -32,6 +32,7 @@
 // Notification handlers run in the thread that calls poll_notifications() or
 // wait_notifications(), never concurrently with each other.
 #pragma once
+#pragma GCC visibility push(default)  // the library's API (see cmake/layer.cmake)
 
 #include <chrono>
 #include <cstddef>
@@ -369,7 +370,7 @@ class context {
   // unknown_handle.
   result<std::string> path_of(import_handle handle) const;
 
-  class impl;
+  class [[gnu::visibility("hidden")]] impl;  // internal, not exported
 
  private:
   friend class sender;
@@ -384,3 +385,5 @@ class context {
 bool opening_for_the_stack() noexcept;
 
 }  // namespace vmmc::core
+
+#pragma GCC visibility pop

@@ -5,6 +5,7 @@
 // Upper layers convert only at their edges (errno for sockets, clnt_stat for
 // vRPC, NX error codes for nx).
 #pragma once
+#pragma GCC visibility push(default)  // the library's API (see cmake/layer.cmake)
 
 #include <cassert>
 #include <system_error>
@@ -100,3 +101,5 @@ class [[nodiscard]] status {
 
 template <>
 struct std::is_error_code_enum<vmmc::errc> : std::true_type {};
+
+#pragma GCC visibility pop

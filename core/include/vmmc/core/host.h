@@ -9,6 +9,7 @@
 // different hosts that still share CPUs. Host names decide nothing: they
 // repeat across containers and namespaces.
 #pragma once
+#pragma GCC visibility push(default)  // the library's API (see cmake/layer.cmake)
 
 #include <optional>
 #include <string>
@@ -51,3 +52,5 @@ std::string address_other_hosts_reach();
 bool kernel_tcp_to_other_hosts(std::string_view mode);
 
 }  // namespace vmmc::core
+
+#pragma GCC visibility pop

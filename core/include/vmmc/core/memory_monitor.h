@@ -45,6 +45,7 @@
 // Thread safety: every member function may be called from any thread except
 // the monitor thread itself (i.e. not from inside on_unmapped).
 #pragma once
+#pragma GCC visibility push(default)  // the library's API (see cmake/layer.cmake)
 
 #include <atomic>
 #include <cstddef>
@@ -132,3 +133,5 @@ class memory_monitor {
 };
 
 }  // namespace vmmc::core
+
+#pragma GCC visibility pop

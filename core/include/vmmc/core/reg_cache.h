@@ -30,6 +30,7 @@
 // may be released from any thread. The registrar is never called with the
 // cache's lock held, so it may block or re-enter the cache.
 #pragma once
+#pragma GCC visibility push(default)  // the library's API (see cmake/layer.cmake)
 
 #include <cstddef>
 #include <cstdint>
@@ -40,9 +41,10 @@
 namespace vmmc::core {
 
 class memory_monitor;
+// Internals (hidden: only what this header declares is exported).
 namespace detail {
-class reg_cache_impl;
-struct reg_entry;
+class [[gnu::visibility("hidden")]] reg_cache_impl;
+struct [[gnu::visibility("hidden")]] reg_entry;
 }  // namespace detail
 
 // What a registration yields: `descriptor` is the local descriptor passed to
@@ -139,3 +141,5 @@ class reg_cache::lease {
 };
 
 }  // namespace vmmc::core
+
+#pragma GCC visibility pop

@@ -9,6 +9,7 @@
 // Thread safety: tables are registered during static initialisation; reads
 // are safe from any thread.
 #pragma once
+#pragma GCC visibility push(default)  // the library's API (see cmake/layer.cmake)
 
 #include <cstdint>
 #include <span>
@@ -60,3 +61,5 @@ extern const setting user_key;
 }  // namespace settings
 
 }  // namespace vmmc::core
+
+#pragma GCC visibility pop

@@ -36,6 +36,7 @@
 // prepare_sleep(for_data)) while another writes (write/close_write/
 // prepare_sleep(for_space)); set-up and destruction need exclusive access.
 #pragma once
+#pragma GCC visibility push(default)  // the library's API (see cmake/layer.cmake)
 
 #include <sys/socket.h>
 
@@ -227,7 +228,7 @@ class channel {
   // "mapped" or "fabric:<provider>" once connected; for benchmarks and logs.
   std::string path() const;
 
-  class impl;
+  class [[gnu::visibility("hidden")]] impl;  // internal, not exported
 
  private:
   explicit channel(std::unique_ptr<impl> p);
@@ -235,3 +236,5 @@ class channel {
 };
 
 }  // namespace vmmc::redirect
+
+#pragma GCC visibility pop

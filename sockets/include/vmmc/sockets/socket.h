@@ -26,6 +26,7 @@
 // sockets. Closing a descriptor while another thread uses it is undefined,
 // as it is for the kernel.
 #pragma once
+#pragma GCC visibility push(default)  // the library's API (see cmake/layer.cmake)
 
 #include <poll.h>
 #include <sys/epoll.h>
@@ -151,3 +152,5 @@ char* const* prepare_exec(char* const* envp);
 int stack_cloexec() noexcept;
 
 }  // namespace vmmc::sockets
+
+#pragma GCC visibility pop

@@ -14,6 +14,7 @@
 //
 // read_published() is the reading side, used by vmmc-stat.
 #pragma once
+#pragma GCC visibility push(default)  // the library's API (see cmake/layer.cmake)
 
 #include <sys/types.h>
 
@@ -104,3 +105,5 @@ struct read_options {
 std::vector<published_process> read_published(const read_options& options = {});
 
 }  // namespace vmmc::sockets
+
+#pragma GCC visibility pop

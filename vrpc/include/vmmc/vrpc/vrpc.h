@@ -27,6 +27,7 @@
  * model: use them from the thread that runs svc_run.
  */
 #pragma once
+#pragma GCC visibility push(default)  // the library's API (see cmake/layer.cmake)
 
 #include <netinet/in.h>
 #include <rpc/rpc.h>
@@ -71,3 +72,5 @@ const char* clnt_vmmc_path(const CLIENT* client);
 #ifdef __cplusplus
 }
 #endif
+
+#pragma GCC visibility pop
