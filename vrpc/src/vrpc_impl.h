@@ -77,7 +77,8 @@ class record_stream {
 
  private:
   bool fill();  // at least one more byte into the buffer (blocking)
-  std::size_t read_limit() const;
+  std::size_t read_limit();
+  bool reads_from_kernel();
   bool read_direct(char* data, std::size_t length);
   bool next_fragment();
   // Sends what is pending, in order: the fragment before the held value,
@@ -96,6 +97,7 @@ class record_stream {
   std::size_t fragment_left_ = 0;  // bytes of the current fragment not consumed
   bool last_fragment_ = false;
   bool in_record_ = false;
+  enum class reads : std::uint8_t { unknown, kernel, vmmc } reads_ = reads::unknown;
 
   // Pending bytes: [0, current_) a whole fragment that goes before held_,
   // then the current fragment (4 header bytes, then its data) up to out_len_.
