@@ -858,8 +858,8 @@ result<receive_result> channel::impl::receive(std::byte* data, std::size_t lengt
     }
     if (at_end()) break;
     if (total.total() > 0 && !wait_all) break;
-    if (attached && caps.zero_copy_receive &&
-        want >= post_min) {  // attached first: it publishes caps
+    // `attached` first: it publishes caps.
+    if (attached && caps.zero_copy_receive && want >= post_min) {
       if (status s = post_buffer(data + total.total(), want); !s) return s.error();
       auto got = complete_post(data + total.total(), want, wait_all, deadline);
       if (!got) {
