@@ -6,7 +6,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
+#include <iterator>
 
 #include "vmmc/sockets/socket.h"
 #include "vrpc_impl.h"
@@ -21,6 +23,8 @@ constexpr std::size_t direct_min = 16 * 1024;
 constexpr std::uint32_t last_bit = 0x80000000u;
 // What a read at a record's start takes at most (see read_limit).
 constexpr std::size_t first_read_bytes = 512;
+// The most one write takes over kernel TCP (see write_all).
+constexpr std::size_t kernel_write_max = std::size_t{1} << 20;
 
 record_stream* self(XDR* xdrs) {
   return static_cast<record_stream*>(xdrs->x_private);
@@ -244,10 +248,21 @@ std::int32_t* record_stream::inline_get(std::size_t length) {
 // ------------------------------------------------------------------ encoding
 
 bool record_stream::write_all(iovec* iov, int count) {
+  // Over kernel TCP one write of many MiB holds the socket while it copies,
+  // and the peer's acknowledgements wait behind it: writes there take at
+  // most kernel_write_max bytes.
+  const std::size_t most = reads_from_kernel() ? kernel_write_max : SIZE_MAX;
   while (count > 0) {
+    iovec part[4];
+    std::size_t parts = 0, total = 0;
+    for (int k = 0; k < count && parts < std::size(part) && total < most; ++k) {
+      const std::size_t take = std::min(iov[k].iov_len, most - total);
+      part[parts++] = {iov[k].iov_base, take};
+      total += take;
+    }
     msghdr m{};
-    m.msg_iov = iov;
-    m.msg_iovlen = static_cast<std::size_t>(count);
+    m.msg_iov = part;
+    m.msg_iovlen = parts;
     // No MSG_NOSIGNAL: libtirpc writes with write(2), so a peer that reset
     // the connection raises SIGPIPE, and a program that relies on (or
     // handles) that must see it under vRPC too.
