@@ -103,21 +103,21 @@ std::size_t record_stream::read_limit() {
   std::size_t room = in_.size() - in_end_;
   if (in_record_ && fragment_left_ > buffered())
     return std::min(room, fragment_left_ - buffered() + 4);
-  return reads_from_kernel() ? room : std::min(room, first_read_bytes);
+  return path() == path_kind::kernel_tcp ? room : std::min(room, first_read_bytes);
 }
 
 // Decided once the connection is: a plain one (or one the sockets layer does
-// not manage) reads from the kernel for good; one on VMMC reads from its
-// channel (if a fork reverts it later, the reads are only less well sized).
-bool record_stream::reads_from_kernel() {
-  if (reads_ == reads::unknown) {
+// not manage) stays on kernel TCP for good; one on VMMC stays there (if a fork
+// reverts it later, reads and writes are only less well sized).
+record_stream::path_kind record_stream::path() {
+  if (path_ == path_kind::undecided) {
     auto info = sockets::describe(fd_);
     if (!info || info->plain)
-      reads_ = reads::kernel;
+      path_ = path_kind::kernel_tcp;
     else if (info->accelerated)
-      reads_ = reads::vmmc;
+      path_ = path_kind::vmmc;
   }
-  return reads_ == reads::kernel;
+  return path_;
 }
 
 bool record_stream::fill() {
@@ -154,7 +154,7 @@ long record_stream::try_fill() {
 // holds back the window updates (16 MiB results came at 0.91x libtirpc's
 // speed across hosts), so there each read takes what has arrived.
 bool record_stream::read_direct(char* data, std::size_t length) {
-  const int flags = reads_from_kernel() ? 0 : MSG_WAITALL;
+  const int flags = path() == path_kind::kernel_tcp ? 0 : MSG_WAITALL;
   std::size_t done = 0;
   while (done < length) {
     ssize_t n = sockets::recv(fd_, data + done, length - done, flags);
@@ -251,7 +251,7 @@ bool record_stream::write_all(iovec* iov, int count) {
   // Over kernel TCP one write of many MiB holds the socket while it copies,
   // and the peer's acknowledgements wait behind it: writes there take at
   // most kernel_write_max bytes.
-  const std::size_t most = reads_from_kernel() ? kernel_write_max : SIZE_MAX;
+  const std::size_t most = path() == path_kind::kernel_tcp ? kernel_write_max : SIZE_MAX;
   while (count > 0) {
     iovec part[4];
     std::size_t parts = 0, total = 0;

@@ -60,10 +60,9 @@ struct connection {
   sockaddr_in peer{}, local{};
   std::uint32_t xid = 0;
   bool dead = false;
-  bool served = false;       // the last recv produced a call
-  bool resume = false;       // we answered MOREREQS: no doorbell to drain
-  bool accelerated = false;  // known to run over VMMC (it never goes back)
-  unsigned streak = 0;       // calls served since we last went back to svc_run
+  bool served = false;  // the last recv produced a call
+  bool resume = false;  // we answered MOREREQS: no doorbell to drain
+  unsigned streak = 0;  // calls served since we last went back to svc_run
   std::string path;
 };
 
@@ -148,11 +147,7 @@ xprt_stat connection_stat(SVCXPRT* xprt) {
   }
   c.resume = true;
   if (c.stream.buffered() > 0) return XPRT_MOREREQS;
-  if (c.served && !c.accelerated) {
-    auto info = sockets::describe(c.xprt.xp_fd);
-    c.accelerated = info && info->accelerated;
-  }
-  if (c.served && c.accelerated && spin_time().count() > 0 &&
+  if (c.served && c.stream.on_vmmc() && spin_time().count() > 0 &&
       !(++c.streak % 4 == 0 && others_waiting(c.xprt.xp_fd))) {
     auto now = clock::now(), until = now + spin_time(), yield_after = now + yield_time;
     int ready = 0;

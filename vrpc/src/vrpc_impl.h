@@ -43,6 +43,9 @@ class record_stream {
   record_stream& operator=(const record_stream&) = delete;
 
   int fd() const { return fd_; }
+  // The connection runs over VMMC: false while the sockets layer has not
+  // decided, and for good once it is kernel TCP; true for good once on VMMC.
+  bool on_vmmc() { return path() == path_kind::vmmc; }
   XDR* encoder() { return &out_xdr_; }
   XDR* decoder() { return &in_xdr_; }
 
@@ -78,7 +81,8 @@ class record_stream {
  private:
   bool fill();  // at least one more byte into the buffer (blocking)
   std::size_t read_limit();
-  bool reads_from_kernel();
+  enum class path_kind : std::uint8_t { undecided, kernel_tcp, vmmc };
+  path_kind path();  // asks the sockets layer until it has decided
   bool read_direct(char* data, std::size_t length);
   bool next_fragment();
   // Sends what is pending, in order: the fragment before the held value,
@@ -97,7 +101,7 @@ class record_stream {
   std::size_t fragment_left_ = 0;  // bytes of the current fragment not consumed
   bool last_fragment_ = false;
   bool in_record_ = false;
-  enum class reads : std::uint8_t { unknown, kernel, vmmc } reads_ = reads::unknown;
+  path_kind path_ = path_kind::undecided;
 
   // Pending bytes: [0, current_) a whole fragment that goes before held_,
   // then the current fragment (4 header bytes, then its data) up to out_len_.
