@@ -187,7 +187,9 @@ void context::impl::handle_peer_frames(const peer_ptr& peer) {
     }
   }
   frames.clear();  // what was not taken (descriptors) goes now, as before
-  if (!s) peer_died(peer);
+  if (!s)
+    peer_died(peer, s.is(errc::protocol_error) ? "garbage on its control connection"
+                                               : "its control connection ended");
 }
 
 void context::impl::link_died(const link_ptr& link) {
@@ -281,7 +283,7 @@ void context::impl::control_loop() {
     }
     for (auto& p : peer_list) {
       const short revents = fds[at++].revents;
-      if ((revents & POLLOUT) && !p->conn->flush()) peer_died(p);
+      if ((revents & POLLOUT) && !p->conn->flush()) peer_died(p, "a write to it failed");
       if (revents & ~POLLOUT) handle_peer_frames(p);
     }
 
@@ -317,7 +319,7 @@ void context::impl::control_loop() {
     for (auto& p : peer_list)
       if (p->alive && heartbeat_due(*p->conn) &&
           !p->conn->write_frame(wire::frame_type::heartbeat, nullptr, 0))
-        peer_died(p);
+        peer_died(p, "a heartbeat to it failed");
     if (acks_owed.load()) send_owed_acks();
   }
 }

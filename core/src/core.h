@@ -682,7 +682,8 @@ class context::impl {
   void send_revoke_ack(detail::import_entry& imp);
   void await_writes_landed(detail::import_entry& imp);
   void await_in_flight(detail::import_entry& imp);  // this import's fabric operations
-  void peer_died(const peer_ptr& peer);
+  // `why` goes to the debug log.
+  void peer_died(const peer_ptr& peer, const char* why);
   // Maps a failed fabric operation to peer_gone when its exporter is gone.
   std::error_code classify_failure(const detail::import_entry& imp, std::error_code error);
 

@@ -134,8 +134,14 @@ void context::impl::handle_import_request(const link_ptr& link, const frame& f) 
   wire::import_reply_body reply{};
   std::vector<int> fds;
   auto answer = [&](errc code) {
+    // A refusal says only which request and why: nothing is lent with it. (A
+    // refusal that still said "mapped" declared a descriptor it did not
+    // carry, and the importer rightly took the peer for broken.)
+    if (code != errc::ok) {
+      reply = wire::import_reply_body{.request_id = reply.request_id};
+      fds.clear();
+    }
     reply.status = static_cast<std::uint32_t>(code);
-    if (code != errc::ok) fds.clear();  // nothing is lent with a refusal
     if (!link->conn->write_frame(wire::frame_type::import_reply, &reply, sizeof reply, fds))
       link->alive = false;
   };

@@ -345,15 +345,15 @@ std::error_code context::impl::classify_failure(const import_entry& imp, std::er
   // connection); the control connection tells for sure, though its end of
   // file may trail the fabric's reset by a moment: give it that moment.
   if (!imp.peer->alive || imp.peer->conn->closed_by_peer(std::chrono::milliseconds(200))) {
-    peer_died(imp.peer);
+    peer_died(imp.peer, "a transfer failed and its control connection ended");
     return errc::peer_gone;
   }
   return error;
 }
 
-void context::impl::peer_died(const peer_ptr& peer) {
+void context::impl::peer_died(const peer_ptr& peer, const char* why) {
   if (!peer->alive.exchange(false)) return;
-  VMMC_DEBUG("exporter pid %u is gone", peer->address.pid);
+  VMMC_DEBUG("exporter pid %u is gone (%s)", peer->address.pid, why);
   { std::lock_guard lock(peer->reply_mutex); }
   peer->reply_cv.notify_all();
   std::lock_guard lock(peers_mutex);

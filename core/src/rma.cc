@@ -297,7 +297,7 @@ status context::impl::wait_op(op& o, clock::time_point deadline) {
     auto now = clock::now();
     if (now >= deadline) return errc::timed_out;
     if (now > spin_until && o.import && o.import->peer->conn->closed_by_peer()) {
-      peer_died(o.import->peer);
+      peer_died(o.import->peer, "its control connection ended while we waited");
       return give_up();
     }
     if (now > spin_until && o.import && !o.import->reachable()) return give_up();
