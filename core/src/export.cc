@@ -138,7 +138,9 @@ void context::impl::handle_import_request(const link_ptr& link, const frame& f) 
     // refusal that still said "mapped" declared a descriptor it did not
     // carry, and the importer rightly took the peer for broken.)
     if (code != errc::ok) {
-      reply = wire::import_reply_body{.request_id = reply.request_id};
+      const std::uint64_t request_id = reply.request_id;
+      reply = {};
+      reply.request_id = request_id;
       fds.clear();
     }
     reply.status = static_cast<std::uint32_t>(code);
