@@ -41,7 +41,6 @@ status context::impl::start(const context_options& options) {
       options.mapped_path < 0 ? setting_bool(settings::mapped_path) : options.mapped_path != 0;
   liveness = std::chrono::milliseconds(setting_integer(settings::liveness_ms));
   use_user_key = options.user_key;
-  spin = std::chrono::microseconds(setting_integer(settings::spin_us));
   fabric_settings.providers = std::move(providers);
   fabric_settings.inline_max = static_cast<std::size_t>(
       std::clamp<std::int64_t>(setting_integer(settings::inline_max), 64, 64 * 1024));

@@ -732,7 +732,6 @@ class context::impl {
   bool mapped_enabled = true;
   bool use_user_key = true;               // context_options::user_key
   std::chrono::milliseconds liveness{0};  // VMMC_CORE_LIVENESS_MS
-  std::chrono::microseconds spin{50};
 
   // The fabric side: providers' endpoints and the TCP control listener remote
   // peers reach us by. Opened at start, or with fabric_on_demand when a peer

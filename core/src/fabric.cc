@@ -18,6 +18,7 @@
 #include "core.h"
 #include "libfabric.h"
 #include "vmmc/core/memory_monitor.h"
+#include "vmmc/core/progress.h"
 
 namespace vmmc::core::detail {
 
@@ -256,7 +257,8 @@ void fabric_endpoint::finish_posting(const std::shared_ptr<op>& o, std::error_co
 
 template <class Post>
 status fabric_endpoint::post_retrying(Post&& post, const std::atomic<bool>& peer_alive) {
-  for (int spins = 0;; ++spins) {
+  spinner spin;
+  for (;;) {
     {
       fabric_lock lock(mutex_);
       ssize_t rc = post();
@@ -265,7 +267,9 @@ status fabric_endpoint::post_retrying(Post&& post, const std::atomic<bool>& peer
       progress_locked();
     }
     if (!peer_alive.load(std::memory_order_acquire)) return errc::peer_gone;
-    if (spins > 1000) std::this_thread::yield();
+    if (spin.again()) continue;
+    std::this_thread::yield();  // the queue drains as the peer progresses: nothing to sleep on
+    spin.woke();
   }
 }
 

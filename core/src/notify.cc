@@ -5,6 +5,7 @@
 
 #include "core.h"
 #include "parse.h"
+#include "vmmc/core/progress.h"
 
 namespace vmmc::core {
 
@@ -151,17 +152,19 @@ result<std::size_t> context::impl::wait_notifications(std::chrono::milliseconds 
   const auto start = clock::now();
   const auto deadline =
       timeout == std::chrono::milliseconds::max() ? clock::time_point::max() : start + timeout;
+  spinner spin;
   for (;;) {
     if (std::size_t n = poll_notifications()) return n;
     auto now = clock::now();
     if (now >= deadline) return errc::timed_out;
-    if (now < start + spin || !prepare_wait()) continue;
+    if (spin.again(now) || !prepare_wait()) continue;
     std::vector<pollfd> fds{{notify_eventfd.get(), POLLIN, 0}};
     for (auto& e : endpoints())
       if (e->in_use() && e->has_wait_fd() && e->try_arm_wait())
         fds.push_back({e->wait_fd(), POLLIN, 0});
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count();
     ::poll(fds.data(), fds.size(), static_cast<int>(std::clamp<std::int64_t>(left, 1, 1000)));
+    spin.woke();
   }
 }
 

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "core.h"
+#include "vmmc/core/progress.h"
 
 namespace vmmc::core {
 
@@ -17,10 +18,12 @@ status push_notification(remote_peer& peer, const notify_record& record) {
   notify_ring* ring = peer.ring();
   std::lock_guard lock(peer.ring_mutex);
   std::uint64_t tail = ring->tail.load(std::memory_order_relaxed);
-  for (int spins = 0; tail - ring->head.load(std::memory_order_acquire) >= notify_ring::capacity;
-       ++spins) {
+  spinner spin;
+  while (tail - ring->head.load(std::memory_order_acquire) >= notify_ring::capacity) {
     if (!peer.alive.load(std::memory_order_acquire)) return errc::peer_gone;
-    if (spins > 100) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    if (spin.again()) continue;
+    std::this_thread::sleep_for(std::chrono::microseconds(20));  // no doorbell for space
+    spin.woke();
   }
   ring->records[tail % notify_ring::capacity] = record;
   ring->tail.store(tail + 1, std::memory_order_release);
@@ -276,7 +279,7 @@ status context::impl::post_record(const import_ptr& imp, const std::shared_ptr<o
 
 status context::impl::wait_op(op& o, clock::time_point deadline) {
   fabric_endpoint* ep = o.import ? o.import->endpoint : nullptr;
-  const auto spin_until = clock::now() + spin;
+  spinner spin;
   // Giving up for good: what completes later must not land in the caller's
   // memory (a fetch into a local variable was written after its function had
   // returned). A zero-copy read the provider still holds writes the caller's
@@ -296,15 +299,17 @@ status context::impl::wait_op(op& o, clock::time_point deadline) {
     if (o.import && !o.import->peer->alive.load(std::memory_order_acquire)) return give_up();
     auto now = clock::now();
     if (now >= deadline) return errc::timed_out;
-    if (now > spin_until && o.import && o.import->peer->conn->closed_by_peer()) {
+    if (spin.again(now)) continue;
+    if (o.import && o.import->peer->conn->closed_by_peer()) {
       peer_died(o.import->peer, "its control connection ended while we waited");
       return give_up();
     }
-    if (now > spin_until && o.import && !o.import->reachable()) return give_up();
-    if (now > spin_until && ep)
+    if (o.import && !o.import->reachable()) return give_up();
+    if (ep)
       ep->sleep_for_completions(std::min<std::chrono::microseconds>(
           std::chrono::milliseconds(1),
           std::chrono::duration_cast<std::chrono::microseconds>(deadline - now)));
+    spin.woke();
   }
   return o.import ? classify_failure(*o.import, o.error) : o.error;
 }

@@ -17,6 +17,7 @@
 
 #include "parse.h"
 #include "vmmc/core/host.h"
+#include "vmmc/core/progress.h"
 #include "vmmc/core/settings.h"
 
 namespace vmmc::nx::detail {
@@ -25,9 +26,6 @@ namespace {
 using clock = std::chrono::steady_clock;
 
 // clang-format off
-const core::setting spin_us {"nx", "spin_us", core::setting_type::integer, "0",
-  "how long a waiting node busy-polls before it sleeps; 0: 1000 us, or 20 us (yielding) "
-  "when there are more nodes than cores"};
 const core::setting start_timeout_ms {"nx", "start_timeout_ms", core::setting_type::integer,
   "30000", "how long start-up waits for the other nodes"};
 // clang-format on
@@ -40,7 +38,7 @@ const core::setting remote{"nx", "remote", core::setting_type::string, "auto",
   "opx) lets the fabric beat it (libfabric's tcp provider cannot: it is TCP underneath), "
   "'fabric' always over the fabric, 'tcp' always over kernel TCP"};
 // clang-format on
-const core::setting table[] = {spin_us, start_timeout_ms, print_stats, remote};
+const core::setting table[] = {start_timeout_ms, print_stats, remote};
 
 struct registrar {
   registrar() { core::register_settings(table); }
@@ -286,7 +284,9 @@ bool runtime::start() {
 
   // More nodes on this kernel than CPUs they may run on between them (a CPU
   // set, taskset, more nodes than cores; network namespaces do not count):
-  // waiters must yield, not spin.
+  // waiters must yield, not spin. Otherwise each node has a core of its own
+  // (launchers bind one node to a core): spinning plainly pays. Core's spin
+  // policy, which every wait of this process follows, is told.
   std::set<int> host_cpus;
   add_cpus(my_cpus, host_cpus);
   long on_host = 1;
@@ -296,8 +296,7 @@ bool runtime::start() {
     add_cpus(records[static_cast<std::size_t>(j)].cpus, host_cpus);
   }
   oversubscribed_ = on_host > static_cast<long>(std::max<std::size_t>(1, host_cpus.size()));
-  auto spin = core::setting_integer(spin_us);
-  spin_ = std::chrono::microseconds(spin > 0 ? spin : oversubscribed_ ? 20 : 1000);
+  core::set_peers_share_cpus(oversubscribed_);
 
   auto deadline = clock::now() + std::chrono::milliseconds(core::setting_integer(start_timeout_ms));
   // The lower-numbered node of each pair connects; the other accepts.
@@ -1063,7 +1062,7 @@ int runtime::wait(request* r) {
 
 template <class Ready>
 int runtime::wait_until(Ready ready) {
-  auto spin_until = clock::now() + spin_;
+  core::spinner spin;
   for (unsigned turn = 1;; ++turn) {
     progress();
     if (ready()) return 0;
@@ -1075,16 +1074,12 @@ int runtime::wait_until(Ready ready) {
       if (ready()) return 0;
     }
     if ((turn & 31) != 0) continue;
-    // More nodes than cores: let the peer we wait for run. Otherwise the
-    // launchers bind each node to its own core, and yielding would only hand
-    // the core to unrelated processes.
-    if (oversubscribed_) ::sched_yield();
-    if (clock::now() < spin_until) continue;
+    if (spin.again()) continue;
     check_peers();
     if (ready()) return 0;  // what a node sent before it went still counts
     if (failure_) return failure_;
     sleep_a_little();
-    spin_until = clock::now() + spin_;
+    spin.woke();
   }
 }
 

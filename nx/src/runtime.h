@@ -283,7 +283,6 @@ class runtime {
   long failed_node_ = -1;
   bool failed_node_ended_ = false;
   long ready_peers_ = 0, ended_peers_ = 0, last_ended_ = -1;
-  std::chrono::microseconds spin_{0};
   bool oversubscribed_ = false;
   std::vector<std::byte> scratch_;
 };

@@ -17,6 +17,7 @@
 
 #include "parse.h"
 #include "settings.h"
+#include "vmmc/core/progress.h"
 #include "wire.h"
 
 namespace vmmc::redirect {
@@ -122,8 +123,7 @@ class channel::impl {
   status post_buffer(std::byte* data, std::size_t length);
   result<bool> withdraw_post();
   void abandon_post(std::byte* data, std::size_t length);
-  status wait_a_little(clock::time_point deadline, clock::time_point& spin_until,
-                       sleep_reason reason);
+  status wait_a_little(clock::time_point deadline, core::spinner& spin, sleep_reason reason);
   bool poll();
   std::uint64_t activity() const;
   bool prepare_sleep(sleep_reason reason);
@@ -190,7 +190,6 @@ class channel::impl {
   core::context& ctx;
   channel_options options;
   std::size_t post_min = 0;
-  std::chrono::microseconds spin{50};
 
   // This end's area.
   core::mappable_buffer memory;
@@ -270,7 +269,6 @@ status channel::impl::create_area() {
   ring_bytes = round_up_pow2(want);
   post_min = options.post_min ? options.post_min
                               : static_cast<std::size_t>(core::setting_integer(settings::post_min));
-  spin = std::chrono::microseconds(core::setting_integer(core::settings::spin_us));
 
   std::size_t header = (sizeof(area_header) + page - 1) / page * page;
   auto mem = ctx.allocate(header + ring_bytes);
@@ -537,21 +535,21 @@ result<std::size_t> channel::impl::write(const std::byte* data, std::size_t leng
 result<std::size_t> channel::impl::write_wait(const std::byte* data, std::size_t length, bool all,
                                               std::chrono::milliseconds timeout) {
   auto deadline = deadline_after(timeout);
-  auto spin_until = clock::now() + spin;
+  core::spinner spin;
   std::size_t done = 0;
   while (done < length) {
     auto n = write(data + done, length - done, true);
     if (n) {
       done += *n;
       if (!all) break;
-      spin_until = clock::now() + spin;
+      spin.restart();
       continue;
     }
     if (!n.is(errc::would_block)) {
       if (done > 0) break;
       return n.error();
     }
-    if (status s = wait_a_little(deadline, spin_until, sleep_reason::space); !s) {
+    if (status s = wait_a_little(deadline, spin, sleep_reason::space); !s) {
       if (done > 0) break;
       return s.error();
     }
@@ -677,22 +675,14 @@ bool channel::impl::gone() {
   return departed.load(std::memory_order_relaxed) || (attached && !ctx.describe(peer));
 }
 
-// Waits a bounded slice: returns at once until `spin_until` (the caller's
-// loop busy-polls, driving progress), then sleeps on the doorbell (or naps
-// when the user gave no doorbell) with the arming protocol.
-status channel::impl::wait_a_little(clock::time_point deadline, clock::time_point& spin_until,
+// Waits a bounded slice: returns at once while `spin` says to poll again
+// (the caller's loop busy-polls, driving progress), then sleeps on the
+// doorbell (or naps when the user gave no doorbell) with the arming protocol.
+status channel::impl::wait_a_little(clock::time_point deadline, core::spinner& spin,
                                     sleep_reason reason) {
   auto now = clock::now();
   if (now >= deadline) return errc::timed_out;
-  if (now < spin_until) {
-    // Every caller's loop drives progress. Past the first few microseconds a
-    // spinner yields at each turn: on a machine with more runnable threads
-    // than cores, a pure spin would hold the core the peer needs to answer
-    // (preloaded sockperf under two compilers: 337 us one-way, 16 us with
-    // VMMC_CORE_SPIN_US=0). With a core to spare, yield returns at once.
-    if (spin_until - now < spin - std::chrono::microseconds(5)) std::this_thread::yield();
-    return {};
-  }
+  if (spin.again(now)) return {};
   if (gone() || broken()) return errc::peer_gone;
   if (!attached) {
     // Cannot arm a doorbell before we reach the peer's area: nap instead.
@@ -707,7 +697,7 @@ status channel::impl::wait_a_little(clock::time_point deadline, clock::time_poin
   } else if (prepare_sleep(reason)) {
     std::this_thread::sleep_for(std::min<clock::duration>(slice, std::chrono::microseconds(200)));
   }
-  spin_until = clock::now() + spin;
+  spin.woke();
   return {};
 }
 
@@ -829,7 +819,7 @@ result<std::optional<receive_result>> channel::impl::step_post(std::byte* data, 
 
 result<receive_result> channel::impl::complete_post(std::byte* data, std::size_t length,
                                                     bool wait_all, clock::time_point deadline) {
-  auto spin_until = clock::now() + spin;
+  core::spinner spin;
   for (;;) {
     auto step = step_post(data, length, wait_all, false, clock::now() >= deadline);
     if (!step) {
@@ -837,7 +827,7 @@ result<receive_result> channel::impl::complete_post(std::byte* data, std::size_t
       return step.error();
     }
     if (*step) return **step;
-    if (status s = wait_a_little(clock::time_point::max(), spin_until, sleep_reason::data); !s) {
+    if (status s = wait_a_little(clock::time_point::max(), spin, sleep_reason::data); !s) {
       abandon_post(data, length);
       return s.error();
     }
@@ -847,7 +837,7 @@ result<receive_result> channel::impl::complete_post(std::byte* data, std::size_t
 result<receive_result> channel::impl::receive(std::byte* data, std::size_t length, bool wait_all,
                                               std::chrono::milliseconds timeout) {
   auto deadline = deadline_after(timeout);
-  auto spin_until = clock::now() + spin;
+  core::spinner spin;
   receive_result total;
   while (total.total() < length) {
     std::size_t want = length - total.total();
@@ -871,7 +861,7 @@ result<receive_result> channel::impl::receive(std::byte* data, std::size_t lengt
       if (got->total() == 0 && at_end()) break;
       continue;
     }
-    if (status s = wait_a_little(deadline, spin_until, sleep_reason::data); !s) {
+    if (status s = wait_a_little(deadline, spin, sleep_reason::data); !s) {
       if (s.is(errc::timed_out) && total.total() > 0) break;
       // The peer may have ended its stream just before it went away.
       if (s.is(errc::peer_gone) && (readable() > 0 || at_end())) continue;

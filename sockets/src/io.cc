@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "sockets.h"
+#include "vmmc/core/progress.h"
 
 namespace vmmc::sockets::detail {
 
@@ -113,29 +114,22 @@ ssize_t write_after_tcp_failed(stream& s, int flags) {
 }
 
 // Waits until the channel has bytes, the stream ended or the peer is gone:
-// busy-polls briefly (yielding the processor after the first microseconds,
-// so that a peer waiting for it on a busy machine runs), then sleeps on the
-// doorbell.
+// busy-polls while core's spin policy says so, then sleeps on the doorbell.
 bool wait_readable(stream& s, clock::time_point deadline) {
   redirect::channel& ch = *s.chan;
-  auto spin_until = clock::now() + std::chrono::microseconds(50);
-  int spins = 0;
+  core::spinner spin;
   while (ch.readable() == 0 && !ch.at_end() && !input_on_tcp(s)) {
     if (tcp_failed(s)) return true;
     answer_revert(s);
     auto now = clock::now();
     if (now >= deadline) return false;
-    if (now < spin_until) {
-      if (++spins > 64) std::this_thread::yield();
-      continue;
-    }
+    if (spin.again(now)) continue;
     if (ch.peer_gone()) return true;
     auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count();
     sleep_on_doorbell(
         s, [&] { return ch.prepare_sleep(redirect::sleep_reason::data); },
         static_cast<int>(std::min<long long>(left, 100)));
-    spin_until = clock::now() + std::chrono::microseconds(50);
-    spins = 0;
+    spin.woke();
   }
   return true;
 }

@@ -9,12 +9,12 @@
 #include <cerrno>
 #include <mutex>
 #include <shared_mutex>
-#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
 #include "sockets.h"
+#include "vmmc/core/progress.h"
 #include "vmmc/sockets/socket.h"
 
 namespace vmmc::sockets {
@@ -37,11 +37,6 @@ bool needs_us(const stream& s) {
 bool kernel_only(const stream& s) {
   const phase p = s.state.load(std::memory_order_relaxed);
   return p != phase::upgraded && p != phase::connecting && stash_size(s) == 0;
-}
-
-std::chrono::microseconds spin_time() {
-  static const auto t = std::chrono::microseconds(core::setting_integer(core::settings::spin_us));
-  return t;
 }
 
 clock::time_point deadline_after(int timeout_ms) {
@@ -118,7 +113,7 @@ int poll(pollfd* fds, nfds_t count, int timeout_ms) {
   busy_call busy;
 
   auto deadline = deadline_after(timeout_ms);
-  auto spin_until = clock::now() + spin_time();
+  core::spinner spin;
   // Connections still deciding have no channel to busy-poll: the kernel's
   // wait is the whole wait, one system call as without us.
   bool sleeping = std::all_of(st.ours.begin(), st.ours.end(),
@@ -140,15 +135,15 @@ int poll(pollfd* fds, nfds_t count, int timeout_ms) {
       continue;
     }
     // Busy-poll the channels (no system call), then arm and sleep.
+    if (sleeping) spin.woke();
     sleeping = false;
-    for (int spins = 0; clock::now() < spin_until && !any_channel_ready(st); ++spins)
-      if (spins > 64) std::this_thread::yield();  // a peer waiting for this core runs
+    while (!any_channel_ready(st) && spin.again()) {
+    }
     if (any_channel_ready(st)) continue;
     bool armed = true;
     for (std::size_t k = 0; k < st.ours.size() && armed; ++k)
       armed = prepare_sleep(*st.ours[k].second, st.wanted[k]);
     sleeping = armed;
-    spin_until = clock::now() + spin_time();
   }
 }
 
@@ -502,7 +497,7 @@ int epoll_wait(int epfd, epoll_event* events, int max_events, int timeout_ms) {
   if (!set || max_events <= 0) return ::epoll_wait(epfd, events, max_events, timeout_ms);
   busy_call busy;
   auto deadline = deadline_after(timeout_ms);
-  auto spin_until = clock::now() + spin_time();
+  core::spinner spin;
   bool sleeping = all_kernel_only(*set);  // see poll()
   while (true) {
     int n = collect(epfd, *set, events, max_events, sleeping ? milliseconds_until(deadline) : 0);
@@ -511,12 +506,12 @@ int epoll_wait(int epfd, epoll_event* events, int max_events, int timeout_ms) {
       sleeping = true;
       continue;
     }
+    if (sleeping) spin.woke();
     sleeping = false;
-    for (int spins = 0; clock::now() < spin_until && !any_stream_ready(*set); ++spins)
-      if (spins > 64) std::this_thread::yield();
+    while (!any_stream_ready(*set) && spin.again()) {
+    }
     if (any_stream_ready(*set)) continue;
     sleeping = arm_streams(*set);
-    spin_until = clock::now() + spin_time();
   }
 }
 

@@ -8,9 +8,10 @@
 // back to svc_run with bytes buffered (it answers XPRT_MOREREQS, as svc_vc
 // does), and before it goes back idle it drains old doorbells and arms
 // (a non-blocking read that finds nothing arms the sockets layer's doorbell).
-// Between a reply and the client's next call it watches the channel for a
-// short while (VMMC_VRPC_SPIN_US) without a system call, unless other
-// transports are waiting: a closed-loop client then pays no doorbell.
+// Between a reply and the client's next call it watches the channel for as
+// long as core's spin policy lets a wait spin (core/progress.h), without a
+// system call, unless other transports are waiting: a closed-loop client
+// then pays no doorbell.
 #include <rpc/rpc.h>
 // After rpc.h, which they rely on:
 #include <rpc/svc_auth.h>
@@ -20,7 +21,6 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <sched.h>
 #include <sys/ioctl.h>
 #include <sys/timerfd.h>
 #include <unistd.h>
@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "vmmc/core/progress.h"
 #include "vmmc/sockets/socket.h"
 #include "vmmc/vrpc/vrpc.h"
 #include "vrpc_impl.h"
@@ -74,14 +75,10 @@ connection& conn(SVCXPRT* xprt) {
   return *static_cast<connection*>(xprt->xp_p1);
 }
 
-std::chrono::microseconds spin_time() {
-  static const auto t = std::chrono::microseconds(core::setting_integer(settings::spin_us));
-  return t;
-}
-
-// A client that answers within this long is running; one that has not may
-// be waiting for a core (2 cores, busy peers), so the spin yields after it.
-constexpr std::chrono::microseconds yield_time{5};
+// The longest a connection watches for its client's next call, whatever the
+// spin budget: other connections' calls may wait meanwhile (others_waiting
+// looks only every 4th call). 50 us, the watch vRPC always had.
+constexpr std::chrono::microseconds watch_for_next_call{50};
 
 bool would_block(int e) {
   return e == EAGAIN || e == EWOULDBLOCK || e == EINTR;
@@ -147,17 +144,12 @@ xprt_stat connection_stat(SVCXPRT* xprt) {
   }
   c.resume = true;
   if (c.stream.buffered() > 0) return XPRT_MOREREQS;
-  if (c.served && c.stream.on_vmmc() && spin_time().count() > 0 &&
-      !(++c.streak % 4 == 0 && others_waiting(c.xprt.xp_fd))) {
-    auto now = clock::now(), until = now + spin_time(), yield_after = now + yield_time;
+  if (c.served && c.stream.on_vmmc() && !(++c.streak % 4 == 0 && others_waiting(c.xprt.xp_fd))) {
+    core::spinner spin(watch_for_next_call);
     int ready = 0;
     do {
       if (sockets::ioctl(c.xprt.xp_fd, FIONREAD, &ready) == 0 && ready > 0) return XPRT_MOREREQS;
-      // Past the first microseconds, a client that has not answered yet may
-      // be waiting for a core: let it have ours.
-      now = clock::now();
-      if (now > yield_after) sched_yield();
-    } while (now < until);
+    } while (spin.again());
   }
   c.served = false;
   if (take_or_arm(c)) return XPRT_MOREREQS;

@@ -3,15 +3,12 @@
 
 namespace vmmc::vrpc::detail::settings {
 // clang-format off
-const core::setting spin_us       {"vrpc", "spin_us",       core::setting_type::integer, "50",
-  "after a reply, a server connection upgraded to VMMC watches for the client's next call this "
-  "long (microseconds) before it arms its doorbell and returns to svc_run; 0 never"};
 const core::setting io_timeout_ms {"vrpc", "io_timeout_ms", core::setting_type::integer, "5000",
   "a server gives up on a connection whose call stops arriving mid-record, or whose client stops "
   "taking its reply, after this long (milliseconds)"};
 // clang-format on
 namespace {
-const core::setting table[] = {spin_us, io_timeout_ms};
+const core::setting table[] = {io_timeout_ms};
 struct registrar {
   registrar() { core::register_settings(table); }
 } const register_once;

@@ -22,7 +22,6 @@
 namespace vmmc::vrpc::detail {
 
 namespace settings {
-extern const core::setting spin_us;
 extern const core::setting io_timeout_ms;
 }  // namespace settings
 

@@ -1,0 +1,214 @@
+// The spin policy of every wait (see progress.h).
+#include "vmmc/core/progress.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#include "vmmc/core/settings.h"
+
+namespace vmmc::core {
+
+namespace {
+using clock = std::chrono::steady_clock;
+using std::chrono::nanoseconds;
+
+// A waiter that may run on more than one CPU spins plainly this long, then
+// yields at every turn: a peer that has not answered by then may be waiting
+// for this core, and where nobody waits a yield returns at once. (Four vRPC
+// client threads and their server on 2 cores: 270-370k calls/s yielding from
+// the first turn, 650-730k after 5 us.) A waiter confined to one CPU yields
+// from the first turn: a peer that shares the CPU cannot answer while it
+// spins (a vRPC null call with client and server on one core: 13 us
+// spinning 5 us first, 5 us yielding at once).
+constexpr auto plain_spin = std::chrono::microseconds(5);
+// A yield that took a time slice gave the core to a thread that computes,
+// not to a peer that answers and waits again: 4 busy loops on 2 cores held
+// preloaded redis-benchmark under 1k requests/s, against 20k over kernel
+// TCP. While yields cost that much on average, waits sleep at once: a
+// sleeper's wake-up preempts threads that compute, where a yielder waits
+// for their slice to end. On average, not once: on a shared machine a
+// handoff yield now and then takes as long (4 vRPC client threads and their
+// server on 2 cores: 0.3% of yields; sleeping at once for a while after
+// each cost 40% of their calls), while behind a busy loop every third or
+// so takes 4 ms (the others return at once: the loop's slice put it behind).
+constexpr auto costly_yield = std::chrono::microseconds(500);
+constexpr auto costly_average = std::chrono::microseconds(100);
+constexpr int average_over = 64;  // yields, about
+// Without yields the average does not move: this long after the last costly
+// yield, waits spin (and yield) again, and find out.
+constexpr auto sleep_at_once_for = std::chrono::milliseconds(100);
+// And only while the machine has more runnable threads than CPUs: a peer
+// confined to the waiter's one CPU that writes a long burst also makes the
+// waiter's yields long, yet they pay (64-byte writes with writer and reader
+// on one CPU: 0.34 GB/s yielding, 0.17 sleeping at once). The count is
+// looked at every few milliseconds (/proc/loadavg, a few microseconds).
+constexpr auto busy_sample_every = std::chrono::milliseconds(5);
+
+std::int64_t ticks(clock::time_point at = clock::now()) {
+  return std::chrono::duration_cast<nanoseconds>(at.time_since_epoch()).count();
+}
+
+nanoseconds limit() {
+  static const nanoseconds value =
+      std::chrono::microseconds(std::max<std::int64_t>(0, setting_integer(settings::spin_us)));
+  return value;
+}
+
+// This thread's budget, learnt from its waits; negative until its first.
+[[gnu::tls_model("initial-exec")]] thread_local std::int64_t thread_budget_ns = -1;
+
+std::atomic<int> peers_share{-1};  // -1: not said; 0: no; 1: yes
+std::atomic<std::int64_t> last_costly_yield{INT64_MIN / 2};
+// What a yield of this process took lately, a moving average in nanoseconds
+// (races between threads only blur it).
+std::atomic<std::int64_t> yield_average{0};
+
+std::atomic<std::int64_t> busy_sampled_at{INT64_MIN / 2};
+std::atomic<bool> machine_busy{false};
+
+// Threads runnable on the machine now, this one included (the fourth field
+// of /proc/loadavg, "running/total"); 0 if unknown.
+long runnable_threads() {
+  int fd = ::open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  char text[128];
+  ssize_t n = ::read(fd, text, sizeof text - 1);
+  ::close(fd);
+  if (n <= 0) return 0;
+  text[n] = '\0';
+  const char* p = text;
+  for (int field = 0; field < 3 && p; ++field)
+    if ((p = std::strchr(p, ' '))) ++p;
+  return p ? std::strtol(p, nullptr, 10) : 0;
+}
+
+bool busy_machine(std::int64_t now) {
+  std::int64_t at = busy_sampled_at.load(std::memory_order_relaxed);
+  // One waiter at a time takes the sample; the others use the last one.
+  if (now - at >= nanoseconds(busy_sample_every).count() &&
+      busy_sampled_at.compare_exchange_strong(at, now, std::memory_order_relaxed)) {
+    static const long cpus = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
+    machine_busy.store(runnable_threads() > cpus, std::memory_order_relaxed);
+  }
+  return machine_busy.load(std::memory_order_relaxed);
+}
+
+bool yields_costly(std::int64_t now) {
+  return yield_average.load(std::memory_order_relaxed) > nanoseconds(costly_average).count() &&
+         now - last_costly_yield.load(std::memory_order_relaxed) <
+             nanoseconds(sleep_at_once_for).count() &&
+         busy_machine(now);
+}
+
+// Yields, and notes what that cost.
+void timed_yield() {
+  const std::int64_t before = ticks();
+  ::sched_yield();
+  const std::int64_t after = ticks();
+  const std::int64_t took = after - before;
+  if (took >= nanoseconds(costly_yield).count())
+    last_costly_yield.store(after, std::memory_order_relaxed);
+  const std::int64_t average = yield_average.load(std::memory_order_relaxed);
+  yield_average.store(average + (took - average) / average_over, std::memory_order_relaxed);
+}
+
+// Whether a plain spin can be answered: the peer may run beside us. The
+// thread's CPU set is looked at again every few milliseconds (a system call
+// per wait would cost as much as a round trip).
+[[gnu::tls_model("initial-exec")]] thread_local std::int64_t affinity_checked_at = INT64_MIN / 2;
+[[gnu::tls_model("initial-exec")]] thread_local bool several_cpus = true;
+
+bool may_spin_plainly(std::int64_t now) {
+  if (int told = peers_share.load(std::memory_order_relaxed); told >= 0) return told == 0;
+  if (now - affinity_checked_at > std::chrono::nanoseconds(std::chrono::milliseconds(10)).count()) {
+    affinity_checked_at = now;
+    cpu_set_t set;
+    several_cpus = ::sched_getaffinity(0, sizeof set, &set) != 0 || CPU_COUNT(&set) > 1;
+  }
+  return several_cpus;
+}
+}  // namespace
+
+std::chrono::microseconds spin_limit() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(limit());
+}
+
+bool waits_sleep_at_once() {
+  return yields_costly(ticks());
+}
+
+std::chrono::nanoseconds thread_spin_budget() {
+  return thread_budget_ns < 0 ? limit() : nanoseconds(thread_budget_ns);
+}
+
+void set_peers_share_cpus(std::optional<bool> share) {
+  peers_share.store(share ? int(*share) : -1, std::memory_order_relaxed);
+}
+
+spinner::spinner() noexcept = default;
+
+spinner::~spinner() {
+  learn();
+}
+
+void spinner::start(clock::time_point now) noexcept {
+  if (thread_budget_ns < 0) thread_budget_ns = limit().count();
+  started_ = true;
+  start_ = now;
+  plain_ = may_spin_plainly(ticks(now));
+  begin_spin(now);
+}
+
+void spinner::restart() noexcept {
+  learn();
+  started_ = false;
+  sleeps_ = 0;
+}
+
+void spinner::woke() noexcept {
+  if (!started_) return;
+  ++sleeps_;
+  begin_spin(clock::now());
+}
+
+void spinner::begin_spin(clock::time_point now) noexcept {
+  spent_ = false;
+  forced_ = yields_costly(ticks(now));
+  // Each sleep of one wait halves its next spin: a wait that keeps sleeping
+  // (a peer that stopped, a provider without a wait descriptor that naps in
+  // short slices) must not spin at every wake-up.
+  budget_ = forced_ ? nanoseconds(0)
+                    : std::min(most_, nanoseconds(thread_budget_ns >> std::min(sleeps_, 30u)));
+  spin_until_ = now + budget_;
+  plain_until_ = plain_ ? now + plain_spin : now;
+}
+
+bool spinner::again(clock::time_point now) noexcept {
+  if (!started_) start(now);
+  spent_ = now >= spin_until_;
+  if (!spent_ && now >= plain_until_) timed_yield();
+  return !spent_;
+}
+
+void spinner::learn() noexcept {
+  // A wait that never spun, or that slept at once for the machine's sake,
+  // says nothing about what spinning is worth.
+  if (!started_ || forced_) return;
+  const nanoseconds waited = clock::now() - start_;
+  const std::int64_t most = limit().count();
+  // Ended within the most, by what it waited for (not given up when its
+  // spin was spent, as a server's watch for the next call is): a full spin
+  // would have caught it.
+  if (waited <= limit() && !spent_)
+    thread_budget_ns = std::min(most, std::max<std::int64_t>(2 * thread_budget_ns, 1000));
+  else
+    thread_budget_ns /= 2;
+}
+
+}  // namespace vmmc::core
