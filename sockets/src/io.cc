@@ -510,11 +510,16 @@ ssize_t take_raw(stream& s, char* buffer, size_t length, bool peek, bool no_wait
 short ready_events(stream& s, short wanted, short kernel_events) {
   if (stash_size(s) > 0) kernel_events |= wanted & (POLLIN | POLLRDNORM);
   phase p = s.state.load();
+  // Connecting or deciding, only news from the kernel can move the stream
+  // on (connected: writable; the answer to an offer: urgent or ordinary
+  // data, or the end). Without it, the look at the connection would cost
+  // system calls in every wait of a stream that is not accelerated.
+  constexpr short news = POLLIN | POLLPRI | POLLOUT | POLLERR | POLLHUP;
   if (p == phase::connecting) {
-    check_connected(s);
+    if (kernel_events & news) check_connected(s);
     return kernel_events;
   }
-  if (p == phase::undecided) {
+  if (p == phase::undecided && (kernel_events & news)) {
     try_decide(s, false);
     p = s.state.load();
     if (p != phase::undecided) {

@@ -389,7 +389,8 @@ int collect(int epfd, epoll_set& set, epoll_event* events, int max_events, int t
     if (p != phase::upgraded && stash_size(*s) == 0 && !kernel_bytes) continue;
     std::uint32_t kev = 0;
     if (kernel_bytes) {
-      pollfd look{fd, static_cast<short>(in.user.events & 0xffff), 0};
+      // POLLPRI: an urgent answer to our offer is news for ready_events().
+      pollfd look{fd, static_cast<short>((in.user.events & 0xffff) | POLLPRI), 0};
       if (::poll(&look, 1, 0) == 1) kev = static_cast<std::uint16_t>(look.revents);
     }
     if (std::uint32_t ev = member_events(epfd, fd, in, kev)) emit(in, ev);
