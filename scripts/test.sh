@@ -128,8 +128,8 @@ check_reports() {
 sanitized_part() {
   local part=$1 kind=$2 dir=$3 pending=tests/sanitizers/$1-pending entries names
   echo "== $part: building $dir (-DVMMC_SANITIZE=$kind)"
-  VMMC_BUILD_DIR=$dir VMMC_CMAKE_ARGS="-DVMMC_SANITIZE=$kind -DVMMC_BUILD_BENCHMARKS=OFF" \
-    scripts/setup.sh
+  VMMC_BUILD_DIR=$dir VMMC_BUILD_TYPE=Sanitize \
+    VMMC_CMAKE_ARGS="-DVMMC_SANITIZE=$kind -DVMMC_BUILD_BENCHMARKS=OFF" scripts/setup.sh
   rm -rf "$dir/sanitizer-reports"
   mkdir -p "$dir/sanitizer-reports"
   local saved=("${ctest_args[@]}")
