@@ -82,7 +82,8 @@ bool parse_options(int argc, char** argv, options& out, std::string& error) {
 
 void print_usage(std::ostream& os, std::string_view argv0) {
   os << "usage: " << argv0 << " <benchmark> [--quick] [--json PATH] [--provider shm|tcp|all]\n"
-     << "  benchmark   core, sockets, vrpc, nx, startup, multihost (root: simulated hosts)\n"
+     << "  benchmark   core, sockets, vrpc, nx, startup, contention,\n"
+     << "              multihost (root: simulated hosts)\n"
      << "  --quick     short sweep, whole run under 30 s\n"
      << "  --json PATH also write the results as JSON to PATH\n"
      << "  --provider  libfabric provider(s) to measure: shm (default), tcp (tcp;ofi_rxm), all\n";

@@ -33,7 +33,7 @@ namespace vmmc::bench {
 // ---------------------------------------------------------------- options
 
 struct options {
-  std::string benchmark;               // "core", "sockets", "vrpc", "nx", "startup"
+  std::string benchmark;               // "core", "sockets", "vrpc", "nx", "contention" ...
   bool quick = false;                  // whole run in under 30 s
   std::string json_path;               // empty: no JSON file
   std::vector<std::string> providers;  // short names: "shm" and/or "tcp"
@@ -134,6 +134,11 @@ double calibrated_median(bool quick, std::size_t probe_iterations, std::size_t m
 // slices (ping-pong latencies of milliseconds), so main() warns when this is
 // at least 1. Returns 0 if /proc/stat cannot be read.
 double other_runnable_processes();
+
+// What a pair benchmark measures: all its rows (its own benchmark), or only
+// its small-message round trips (`vmmc-bench contention`, which repeats them
+// under several CPU conditions and must stay within --quick's 30 s).
+enum class scope { all, latency };
 
 // ---------------------------------------------------------------- sizes
 

@@ -82,9 +82,11 @@ void run_nx_benchmark(const options& opts, std::vector<result_row>& rows) {
 void measure_nx_rows(bool quick, const std::string& prefix, const std::vector<int>& node_counts,
                      const std::function<std::string(int)>& ours_launcher,
                      const std::function<std::string(int)>& openmpi_launcher,
-                     std::vector<result_row>& rows) {
+                     std::vector<result_row>& rows, scope what) {
   std::vector<std::size_t> sizes;
-  if (quick) {
+  if (what == scope::latency) {
+    sizes = {64};
+  } else if (quick) {
     sizes = {0, 64, 4096, 65536, 1 << 20, 8 << 20};
   } else {
     sizes.push_back(0);

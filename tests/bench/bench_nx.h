@@ -32,6 +32,6 @@ void run_nx_benchmark(const options& opts, std::vector<result_row>& rows);
 void measure_nx_rows(bool quick, const std::string& prefix, const std::vector<int>& node_counts,
                      const std::function<std::string(int)>& ours_launcher,
                      const std::function<std::string(int)>& openmpi_launcher,
-                     std::vector<result_row>& rows);
+                     std::vector<result_row>& rows, scope what = scope::all);
 
 }  // namespace vmmc::bench

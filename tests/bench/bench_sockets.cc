@@ -580,7 +580,13 @@ void print_description(const char* which, int fd) {
             << info->doorbells_in << "/" << info->doorbells_out << "\n";
 }
 
-void measure_sockets(bool quick, socket_results& kernel, socket_results& ours) {
+// The ping-pong sizes of a scope: scope::latency takes 64 B, sockperf's
+// default message.
+std::vector<std::size_t> latency_sizes_of(scope what) {
+  return what == scope::all ? ping_pong_sizes : std::vector<std::size_t>{64};
+}
+
+void measure_sockets(bool quick, scope what, socket_results& kernel, socket_results& ours) {
   run_pair(
       [&](peer_link& link) {
         clients c{client<kernel_api>(link), client<vmmc_api>(link)};
@@ -591,13 +597,19 @@ void measure_sockets(bool quick, socket_results& kernel, socket_results& ours) {
         // Warm-up, and for ours the switch-over, which happens on first bytes.
         c.kernel.ping_pong(64, quick ? 200 : 2000);
         c.ours.ping_pong(64, quick ? 200 : 2000);
-        for (std::size_t size : ping_pong_sizes)
+        for (std::size_t size : latency_sizes_of(what))
           both(
               50, 1'000'000, [&](auto& side, std::size_t n) { return side.ping_pong(size, n); },
               [](double seconds, std::size_t n) {
                 return seconds / static_cast<double>(n) / 2 * 1e6;
               },
               &socket_results::latency);
+        if (what == scope::latency) {
+          print_description("connection, client end", c.ours.connection());
+          link.send_value(plan{experiment::stop, 0, 0, 0});
+          if (link.recv() != "done") throw std::runtime_error("child out of step");
+          return;
+        }
 
         // A fixed count: the probe run is the same stream, so it warms up too.
         for (std::size_t size : stream_sizes) {
@@ -711,7 +723,7 @@ namespace {
 // memory (the default), "tcp" = libfabric tcp;ofi_rxm as between hosts.
 // The sockets layer makes its VMMC context once per process, so each
 // provider is measured in a process of its own, which sends its results back.
-socket_results measure_with_provider(const std::string& provider, bool quick) {
+socket_results measure_with_provider(const std::string& provider, bool quick, scope what) {
   int fds[2];
   if (::pipe(fds) != 0) fail("pipe");
   std::cout.flush();
@@ -727,7 +739,7 @@ socket_results measure_with_provider(const std::string& provider, bool quick) {
         ::setenv("VMMC_CORE_PROVIDERS", provider.c_str(), 1);
       }
       socket_results kernel, ours;
-      measure_sockets(quick, kernel, ours);
+      measure_sockets(quick, what, kernel, ours);
       for (const socket_results* r : {&kernel, &ours})
         for (auto field : {&socket_results::latency, &socket_results::bandwidth,
                            &socket_results::bandwidth_sized_reads, &socket_results::connect_us,
@@ -780,16 +792,16 @@ socket_results measure_with_provider(const std::string& provider, bool quick) {
 }  // namespace
 
 void measure_sockets_rows(bool quick, const std::string& provider, const std::string& prefix,
-                          std::vector<result_row>& rows) {
+                          std::vector<result_row>& rows, scope what) {
   // A peer that dies mid-write must surface as EPIPE, not kill us silently.
   ::signal(SIGPIPE, SIG_IGN);
   std::cerr << "measuring kernel_tcp and ours ("
             << (provider.empty() ? "default settings" : provider) << "), alternately\n";
-  const socket_results ours = measure_with_provider(provider, quick);
+  const socket_results ours = measure_with_provider(provider, quick, what);
   const socket_results& kernel = *ours.kernel_reference;
-  {
-    add_rows(rows, prefix + "latency", metric::latency_us, ping_pong_sizes, ours.latency,
-             {{"kernel_tcp", kernel.latency}});
+  add_rows(rows, prefix + "latency", metric::latency_us, latency_sizes_of(what), ours.latency,
+           {{"kernel_tcp", kernel.latency}});
+  if (what == scope::all) {
     add_rows(rows, prefix + "bandwidth", metric::bandwidth_GBps, stream_sizes, ours.bandwidth,
              {{"kernel_tcp", kernel.bandwidth}});
     add_rows(rows, prefix + "bandwidth_sized_reads", metric::bandwidth_GBps, stream_sizes,

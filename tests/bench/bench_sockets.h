@@ -33,6 +33,6 @@ void run_sockets_benchmark(const options& opts, std::vector<result_row>& rows);
 // core settings for `provider` ("shm", "tcp"; empty: the defaults, as a user
 // runs it), wherever placement() puts the pair.
 void measure_sockets_rows(bool quick, const std::string& provider, const std::string& prefix,
-                          std::vector<result_row>& rows);
+                          std::vector<result_row>& rows, scope what = scope::all);
 
 }  // namespace vmmc::bench

@@ -154,7 +154,8 @@ void run_vrpc_benchmark(const options& opts, std::vector<result_row>& rows) {
   measure_vrpc_rows(opts.quick, "vrpc/", rows);
 }
 
-void measure_vrpc_rows(bool quick, const std::string& prefix, std::vector<result_row>& rows) {
+void measure_vrpc_rows(bool quick, const std::string& prefix, std::vector<result_row>& rows,
+                       scope what) {
   const std::vector<std::size_t> sizes =
       quick ? std::vector<std::size_t>{1 << 10, 64 << 10, 1 << 20, 16 << 20}
             : std::vector<std::size_t>{1 << 10,   4 << 10, 16 << 10, 64 << 10,
@@ -183,10 +184,11 @@ void measure_vrpc_rows(bool quick, const std::string& prefix, std::vector<result
           for (transport t : all_transports)
             best(m[int(t)].null_us, null_call_us(clients[int(t)], quick), false);
         link.send("tick");
-        for (transport t : all_transports)
-          m[int(t)].rate = parallel_rate(t, p, parallel_clients, quick ? 0.3 : 1.0);
+        if (what == scope::all)
+          for (transport t : all_transports)
+            m[int(t)].rate = parallel_rate(t, p, parallel_clients, quick ? 0.3 : 1.0);
         link.send("tick");
-        for (std::size_t k = 0; k < sizes.size(); ++k) {
+        for (std::size_t k = 0; what == scope::all && k < sizes.size(); ++k) {
           for (int round = 0; round < rounds; ++round)
             for (transport t : all_transports) {
               if (t == transport::udp && sizes[k] > udp_max_payload) continue;
@@ -213,6 +215,7 @@ void measure_vrpc_rows(bool quick, const std::string& prefix, std::vector<result
   const measured &ours = m[0], &tcp = m[1], &udp = m[2];
   add_rows(rows, prefix + "null_call", metric::latency_us, {0}, {ours.null_us},
            {{"libtirpc_tcp", {tcp.null_us}}, {"libtirpc_udp", {udp.null_us}}});
+  if (what == scope::latency) return;
   add_rows(rows, prefix + "calls_parallel", metric::rate_per_s,
            {static_cast<std::size_t>(parallel_clients)}, {ours.rate},
            {{"libtirpc_tcp", {tcp.rate}}, {"libtirpc_udp", {udp.rate}}});

@@ -23,6 +23,7 @@ namespace vmmc::bench {
 // Measures the vrpc benchmark and appends its rows. Throws on failure.
 void run_vrpc_benchmark(const options& opts, std::vector<result_row>& rows);
 // Its rows under `prefix`, wherever placement() puts the pair.
-void measure_vrpc_rows(bool quick, const std::string& prefix, std::vector<result_row>& rows);
+void measure_vrpc_rows(bool quick, const std::string& prefix, std::vector<result_row>& rows,
+                       scope what = scope::all);
 
 }  // namespace vmmc::bench

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "bench_common.h"
+#include "bench_contention.h"
 #include "bench_core.h"
 #include "bench_multihost.h"
 #include "bench_nx.h"
@@ -39,6 +40,7 @@ const std::vector<benchmark>& benchmarks() {
       {"vrpc", vmmc::bench::run_vrpc_benchmark},
       {"startup", vmmc::bench::run_startup_benchmark},
       {"multihost", vmmc::bench::run_multihost_benchmark},
+      {"contention", vmmc::bench::run_contention_benchmark},
   };
   return all;
 }
