@@ -30,9 +30,11 @@ constexpr auto plain_spin = std::chrono::microseconds(5);
 // A yield that took a time slice gave the core to a thread that computes,
 // not to a peer that answers and waits again: 4 busy loops on 2 cores held
 // preloaded redis-benchmark under 1k requests/s, against 20k over kernel
-// TCP. While yields cost that much on average, waits sleep at once: a
-// sleeper's wake-up preempts threads that compute, where a yielder waits
-// for their slice to end. On average, not once: on a shared machine a
+// TCP. While yields cost that much on average, waits do not yield: those
+// whose peer may run beside them spin plainly (their budget still learns
+// whether that pays), the others sleep at once (a sleeper's wake-up
+// preempts threads that compute, where a yielder waits for their slice to
+// end). On average, not once: on a shared machine a
 // handoff yield now and then takes as long (4 vRPC client threads and their
 // server on 2 cores: 0.3% of yields; sleeping at once for a while after
 // each cost 40% of their calls), while behind a busy loop every third or
@@ -41,8 +43,8 @@ constexpr auto costly_yield = std::chrono::microseconds(500);
 constexpr auto costly_average = std::chrono::microseconds(100);
 constexpr int average_over = 64;  // yields, about
 // Without yields the average does not move: this long after the last costly
-// yield, waits spin (and yield) again, and find out.
-constexpr auto sleep_at_once_for = std::chrono::milliseconds(100);
+// yield, waits yield again, and find out.
+constexpr auto no_yields_for = std::chrono::milliseconds(100);
 // And only while the machine has more runnable threads than CPUs: a peer
 // confined to the waiter's one CPU that writes a long burst also makes the
 // waiter's yields long, yet they pay (64-byte writes with writer and reader
@@ -102,7 +104,7 @@ bool busy_machine(std::int64_t now) {
 bool yields_costly(std::int64_t now) {
   return yield_average.load(std::memory_order_relaxed) > nanoseconds(costly_average).count() &&
          now - last_costly_yield.load(std::memory_order_relaxed) <
-             nanoseconds(sleep_at_once_for).count() &&
+             nanoseconds(no_yields_for).count() &&
          busy_machine(now);
 }
 
@@ -139,7 +141,7 @@ std::chrono::microseconds spin_limit() {
   return std::chrono::duration_cast<std::chrono::microseconds>(limit());
 }
 
-bool waits_sleep_at_once() {
+bool yields_are_costly() {
   return yields_costly(ticks());
 }
 
@@ -179,7 +181,9 @@ void spinner::woke() noexcept {
 
 void spinner::begin_spin(clock::time_point now) noexcept {
   spent_ = false;
-  forced_ = yields_costly(ticks(now));
+  const bool costly = yields_costly(ticks(now));
+  no_yields_ = costly && plain_;
+  forced_ = costly && !plain_;
   // Each sleep of one wait halves its next spin: a wait that keeps sleeping
   // (a peer that stopped, a provider without a wait descriptor that naps in
   // short slices) must not spin at every wake-up.
@@ -192,7 +196,7 @@ void spinner::begin_spin(clock::time_point now) noexcept {
 bool spinner::again(clock::time_point now) noexcept {
   if (!started_) start(now);
   spent_ = now >= spin_until_;
-  if (!spent_ && now >= plain_until_) timed_yield();
+  if (!spent_ && now >= plain_until_ && !no_yields_) timed_yield();
   return !spent_;
 }
 

@@ -1,12 +1,13 @@
 // unit.core.progress: the spin policy every wait follows (core/progress.h):
 // a spin never outlasts its budget, learns what spinning has been worth,
-// and sleeps at once while yields hand the core to threads that compute.
+// and does not yield while yields hand the core to threads that compute.
 #include <gtest/gtest.h>
 #include <sched.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <thread>
 #include <vector>
 
@@ -32,7 +33,7 @@ nanoseconds most() {
 template <class Body>
 void undisturbed(Body body) {
   for (int attempt = 0; attempt < 10; ++attempt) {
-    while (core::waits_sleep_at_once()) std::this_thread::sleep_for(5ms);
+    while (core::yields_are_costly()) std::this_thread::sleep_for(5ms);
     bool clean = false;
     std::thread t([&] { clean = body(); });
     t.join();
@@ -135,14 +136,15 @@ TEST(Progress, AWaitAnsweredAtOnceCostsAndTeachesNothing) {
   t.join();
 }
 
-// On a machine with more runnable threads than CPUs, a yield that hands the
-// core to a thread that computes costs a time slice: waits then sleep at
-// once (a sleeper's wake-up preempts such a thread; a yielder waits for its
-// slice to end). A peer that shares the core is said to (as NX does), so the
-// wait yields from its first turn.
-TEST(Progress, YieldsThatCostATimeSliceMakeWaitsSleepAtOnce) {
+// Yields behind a thread that computes on the waiter's CPU take its time
+// slice; soon yields count as costly, and no wait yields any more: one whose
+// peer shares its CPU (as NX says of its nodes) sleeps at once, since a
+// sleeper's wake-up preempts such a thread where a yielder waits for its
+// slice to end; one whose peer may run on another CPU spins plainly, as it
+// would be answered within microseconds.
+void with_costly_yields(const std::function<void()>& then) {
   core::set_peers_share_cpus(true);
-  std::thread t([] {
+  std::thread t([&] {
     cpu_set_t one;
     CPU_ZERO(&one);
     CPU_SET(0, &one);
@@ -160,24 +162,47 @@ TEST(Progress, YieldsThatCostATimeSliceMakeWaitsSleepAtOnce) {
         }
       });
     std::this_thread::sleep_for(10ms);  // they run
-    // Each wait yields to the one on our CPU, which takes its slice; soon
-    // waits sleep at once.
+    // Each wait yields to the one on our CPU, which takes its slice.
     int waits = 0;
-    for (auto until = clock::now() + 2s; !core::waits_sleep_at_once() && clock::now() < until;
+    for (auto until = clock::now() + 2s; !core::yields_are_costly() && clock::now() < until;
          ++waits) {
       spinner s;
       (void)s.again();  // one yield, then the answer is there
     }
-    EXPECT_TRUE(core::waits_sleep_at_once()) << "after " << waits << " waits";
+    EXPECT_TRUE(core::yields_are_costly()) << "after " << waits << " waits";
     EXPECT_LE(waits, 100);
-    spinner s;
-    EXPECT_FALSE(s.again());
-    EXPECT_EQ(s.budget(), 0ns);
+    then();
     stop = true;
     for (auto& c : computing) c.join();
   });
   t.join();
   core::set_peers_share_cpus(std::nullopt);
+}
+
+TEST(Progress, WithCostlyYieldsAWaitWhosePeerSharesItsCpuSleepsAtOnce) {
+  with_costly_yields([] {
+    spinner s;
+    EXPECT_FALSE(s.again());
+    EXPECT_EQ(s.budget(), 0ns);
+  });
+}
+
+TEST(Progress, WithCostlyYieldsAWaitWhosePeerRunsBesideItSpinsWithoutYielding) {
+  with_costly_yields([] {
+    core::set_peers_share_cpus(false);
+    // A spin of its budget turns thousands of times when it does not yield;
+    // each yield here takes a time slice. The spin may be preempted (the
+    // thread that computes shares the CPU), so the best of a few counts.
+    int most_turns = 0;
+    for (int attempt = 0; attempt < 5 && core::yields_are_costly(); ++attempt) {
+      spinner s;
+      int turns = 0;
+      while (s.again()) ++turns;
+      EXPECT_GT(s.budget(), 0ns);
+      most_turns = std::max(most_turns, turns);
+    }
+    EXPECT_GT(most_turns, 100);
+  });
 }
 
 }  // namespace

@@ -12,11 +12,16 @@
 //    or whose layer said its peers share its CPUs (set_peers_share_cpus),
 //    yields from the first turn: a peer on its core cannot answer while it
 //    spins;
-//  - not at all while yields are costly: on a machine with more runnable
-//    threads than CPUs, yields that took a time slice on average gave the
-//    core to threads that compute, and a sleeper's wake-up preempts such
-//    threads where a yielder waits for their slice to end. Waits then sleep
-//    at once, and try a yield again now and then.
+//  - without yields while yields are costly: on a machine with more
+//    runnable threads than CPUs, yields that took a time slice on average
+//    gave the core to threads that compute. A waiter whose peer may run on
+//    another CPU then spins plainly, within what spinning has been worth (a
+//    peer that runs beside it answers within microseconds, where a sleeper
+//    pays a wake-up: NX gdsum with two busy threads on 2 cores, 22 us
+//    sleeping at once, Open MPI's plain spin 0.9 us). One whose peer shares
+//    its CPU sleeps at once: its spin holds the core the answer needs, and a
+//    sleeper's wake-up preempts threads that compute. Now and then waits
+//    try a yield again.
 #pragma once
 #pragma GCC visibility push(default)  // the library's API (see cmake/layer.cmake)
 
@@ -74,9 +79,10 @@ class spinner {
   std::chrono::nanoseconds most_ = std::chrono::nanoseconds::max();
   std::uint32_t sleeps_ = 0;  // in this wait
   bool started_ = false;
-  bool spent_ = false;   // the last again() said "sleep"
-  bool plain_ = true;    // may spin plainly first
-  bool forced_ = false;  // costly yields, not the thread's budget, said "sleep at once"
+  bool spent_ = false;      // the last again() said "sleep"
+  bool plain_ = true;       // the peer may run beside us: spin plainly first
+  bool no_yields_ = false;  // costly yields: spin plainly throughout
+  bool forced_ = false;     // costly yields, not the thread's budget, said "sleep at once"
 };
 
 // What a layer knows that the thread's CPU set does not tell (NX knows its
@@ -86,9 +92,10 @@ class spinner {
 // thread's CPU set (the default). Thread-safe; process-wide.
 void set_peers_share_cpus(std::optional<bool> share);
 
-// True while waits sleep at once: a yield of the last few milliseconds took a
-// time slice (see above). For diagnostics and tests.
-bool waits_sleep_at_once();
+// True while yields are costly: one of the last few milliseconds took a
+// time slice, and they took over 100 us on average, on a machine with more
+// runnable threads than CPUs (see above). For diagnostics and tests.
+bool yields_are_costly();
 
 // The most a wait spins (VMMC_CORE_SPIN_US).
 std::chrono::microseconds spin_limit();
