@@ -604,46 +604,43 @@ void measure_sockets(bool quick, scope what, socket_results& kernel, socket_resu
                 return seconds / static_cast<double>(n) / 2 * 1e6;
               },
               &socket_results::latency);
-        if (what == scope::latency) {
-          print_description("connection, client end", c.ours.connection());
-          link.send_value(plan{experiment::stop, 0, 0, 0});
-          if (link.recv() != "done") throw std::runtime_error("child out of step");
-          return;
+        if (what == scope::all) {
+          // A fixed count: the probe run is the same stream, so it warms up too.
+          for (std::size_t size : stream_sizes) {
+            const std::uint64_t n = stream_messages(size, quick);
+            auto GBps = [size](double seconds, std::size_t count) {
+              return static_cast<double>(size * count) / seconds / 1e9;
+            };
+            for (auto [how, into] : {std::pair{experiment::stream, &socket_results::bandwidth},
+                                     std::pair{experiment::stream_sized_reads,
+                                               &socket_results::bandwidth_sized_reads}})
+              both(
+                  n, n,
+                  [&](auto& side, std::size_t count) { return side.stream(how, size, count); },
+                  GBps, into);
+          }
+
+          // The probe takes each side's first-connection costs.
+          both(
+              20, quick ? 500 : 3000, [](auto& side, std::size_t n) { return side.connect(n); },
+              [](double seconds, std::size_t n) { return seconds / static_cast<double>(n) * 1e6; },
+              &socket_results::connect_us);
+
+          c.kernel.open_many(many_connections);
+          c.ours.open_many(many_connections);
+          c.kernel.requests(4 * many_connections);  // every connection's first bytes
+          c.ours.requests(4 * many_connections);
+          both(
+              2 * many_connections, 100'000'000,
+              [](auto& side, std::size_t n) { return side.requests(n); },
+              [](double seconds, std::size_t n) { return static_cast<double>(n) / seconds; },
+              &socket_results::requests_per_s);
+          c.kernel.close_many();
+          c.ours.close_many();
         }
-
-        // A fixed count: the probe run is the same stream, so it warms up too.
-        for (std::size_t size : stream_sizes) {
-          const std::uint64_t n = stream_messages(size, quick);
-          auto GBps = [size](double seconds, std::size_t count) {
-            return static_cast<double>(size * count) / seconds / 1e9;
-          };
-          for (auto [how, into] :
-               {std::pair{experiment::stream, &socket_results::bandwidth},
-                std::pair{experiment::stream_sized_reads, &socket_results::bandwidth_sized_reads}})
-            both(
-                n, n, [&](auto& side, std::size_t count) { return side.stream(how, size, count); },
-                GBps, into);
-        }
-
-        // The probe takes each side's first-connection costs.
-        both(
-            20, quick ? 500 : 3000, [](auto& side, std::size_t n) { return side.connect(n); },
-            [](double seconds, std::size_t n) { return seconds / static_cast<double>(n) * 1e6; },
-            &socket_results::connect_us);
-
-        c.kernel.open_many(many_connections);
-        c.ours.open_many(many_connections);
-        c.kernel.requests(4 * many_connections);  // every connection's first bytes
-        c.ours.requests(4 * many_connections);
-        both(
-            2 * many_connections, 100'000'000,
-            [](auto& side, std::size_t n) { return side.requests(n); },
-            [](double seconds, std::size_t n) { return static_cast<double>(n) / seconds; },
-            &socket_results::requests_per_s);
-        c.kernel.close_many();
-        c.ours.close_many();
-
-        print_description("connection, client end (sent the streams)", c.ours.connection());
+        print_description(what == scope::all ? "connection, client end (sent the streams)"
+                                             : "connection, client end",
+                          c.ours.connection());
         link.send_value(plan{experiment::stop, 0, 0, 0});
         if (link.recv() != "done") throw std::runtime_error("child out of step");
       },
