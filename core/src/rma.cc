@@ -230,9 +230,11 @@ result<std::shared_ptr<op>> context::impl::start_transfer(import_handle handle,
     }
   }
   ep.finish_posting(o, s.error());
-  if (o->done.load(std::memory_order_acquire) && !o->error) return std::shared_ptr<op>();
-  if (o->done.load(std::memory_order_acquire)) return classify_failure(*imp, o->error);
-  return o;
+  // One look: a completion landing between two would be taken for a failure
+  // with no error (a transfer that succeeded reported as failed).
+  if (!o->done.load(std::memory_order_acquire)) return o;
+  if (!o->error) return std::shared_ptr<op>();
+  return classify_failure(*imp, o->error);
 }
 
 // Appends one record to our ring at the exporter. Under the peer's record
