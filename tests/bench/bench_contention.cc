@@ -72,10 +72,6 @@ class busy_threads {
   pid_t pid_;
 };
 
-const std::string mpirun =
-    "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun "
-    "--mca pml ob1 --mca btl self,vader ";
-
 // The three pair benchmarks' round trips under `prefix`; `bind` is the
 // launchers' binding option (each launcher binds its nodes to the CPUs it
 // was given unless told not to).
@@ -89,8 +85,8 @@ void measure_round_trips(bool quick, const std::string& prefix, const std::strin
       [&](int nodes) {
         return std::string(VMMC_NXRUN) + " " + bind + "-n " + std::to_string(nodes) + " ";
       },
-      [&](int nodes) { return mpirun + bind + "-n " + std::to_string(nodes) + " "; }, rows,
-      scope::latency);
+      [&](int nodes) { return openmpi_on_this_host + bind + "-n " + std::to_string(nodes) + " "; },
+      rows, scope::latency);
 }
 
 }  // namespace

@@ -65,19 +65,20 @@ double value(const job_result& r, const std::string& what, std::size_t size) {
 void run_nx_benchmark(const options& opts, std::vector<result_row>& rows) {
   // mpirun's defaults otherwise (it binds each rank to a core when they fit;
   // nxrun does the same); --oversubscribe only where there are more ranks.
-  const std::string mpirun =
-      "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun "
-      "--mca pml ob1 --mca btl self,vader ";
   const long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
   measure_nx_rows(
       opts.quick, "nx/", {2, 4},
       [](int nodes) { return std::string(VMMC_NXRUN) + " -n " + std::to_string(nodes) + " "; },
       [&](int nodes) {
-        return mpirun + (nodes > cores ? "--oversubscribe -n " : "-n ") + std::to_string(nodes) +
-               " ";
+        return std::string(openmpi_on_this_host) + (nodes > cores ? "--oversubscribe -n " : "-n ") +
+               std::to_string(nodes) + " ";
       },
       rows);
 }
+
+const char* const openmpi_on_this_host =
+    "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun "
+    "--mca pml ob1 --mca btl self,vader ";
 
 void measure_nx_rows(bool quick, const std::string& prefix, const std::vector<int>& node_counts,
                      const std::function<std::string(int)>& ours_launcher,

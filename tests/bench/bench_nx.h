@@ -25,6 +25,10 @@ namespace vmmc::bench {
 // (a job that fails, or no mpirun/mpi_reference: then "openmpi" is missing).
 void run_nx_benchmark(const options& opts, std::vector<result_row>& rows);
 
+// The command that starts the Open MPI reference on this host, up to its
+// binding options and -n: mpirun as root, ob1 over shared memory (vader).
+extern const char* const openmpi_on_this_host;
+
 // The same rows under `prefix` for each count of `node_counts`, each job
 // started by the launcher's command for that count (followed by the program
 // and its arguments): nx_node by `ours_launcher`, mpi_reference by
