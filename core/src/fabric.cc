@@ -255,38 +255,43 @@ void fabric_endpoint::finish_posting(const std::shared_ptr<op>& o, std::error_co
   complete(o.get(), error);
 }
 
+// The send queue drains as the peer progresses: nothing to sleep on, so a
+// waiter that has spun yields the core at every turn.
 template <class Post>
 status fabric_endpoint::post_retrying(Post&& post, const std::atomic<bool>& peer_alive) {
-  spinner spin;
-  for (;;) {
+  status outcome;
+  auto posted = [&] {
     {
       fabric_lock lock(mutex_);
       ssize_t rc = post();
-      if (rc == 0) return {};
-      if (rc != -FI_EAGAIN) return fabric_error_code(rc);
-      progress_locked();
-    }
-    if (!peer_alive.load(std::memory_order_acquire)) return errc::peer_gone;
-    if (spin.again()) continue;
-    std::this_thread::yield();  // the queue drains as the peer progresses: nothing to sleep on
-    spin.woke();
-  }
-}
-
-int fabric_endpoint::take_bounce_slot(const std::atomic<bool>& peer_alive) {
-  for (;;) {
-    {
-      fabric_lock lock(mutex_);
-      if (!free_bounce_.empty()) {
-        int slot = free_bounce_.back();
-        free_bounce_.pop_back();
-        return slot;
+      if (rc != -FI_EAGAIN) {
+        if (rc != 0) outcome = fabric_error_code(rc);
+        return true;
       }
       progress_locked();
     }
-    if (!peer_alive.load(std::memory_order_acquire)) return -1;
-    std::this_thread::yield();
-  }
+    if (peer_alive.load(std::memory_order_acquire)) return false;
+    outcome = errc::peer_gone;
+    return true;
+  };
+  (void)wait_until(posted, clock::time_point::max(), napping(std::chrono::nanoseconds::zero()));
+  return outcome;
+}
+
+int fabric_endpoint::take_bounce_slot(const std::atomic<bool>& peer_alive) {
+  int slot = -1;
+  auto taken = [&] {
+    fabric_lock lock(mutex_);
+    if (!free_bounce_.empty()) {
+      slot = free_bounce_.back();
+      free_bounce_.pop_back();
+      return true;
+    }
+    progress_locked();
+    return !peer_alive.load(std::memory_order_acquire);
+  };
+  (void)wait_until(taken, clock::time_point::max(), napping(std::chrono::nanoseconds::zero()));
+  return slot;
 }
 
 void fabric_endpoint::give_bounce_slot(int slot) {

@@ -149,23 +149,23 @@ bool context::impl::prepare_wait() {
 }
 
 result<std::size_t> context::impl::wait_notifications(std::chrono::milliseconds timeout) {
-  const auto start = clock::now();
-  const auto deadline =
-      timeout == std::chrono::milliseconds::max() ? clock::time_point::max() : start + timeout;
-  spinner spin;
-  for (;;) {
-    if (std::size_t n = poll_notifications()) return n;
-    auto now = clock::now();
-    if (now >= deadline) return errc::timed_out;
-    if (spin.again(now) || !prepare_wait()) continue;
+  const auto deadline = timeout == std::chrono::milliseconds::max() ? clock::time_point::max()
+                                                                    : clock::now() + timeout;
+  std::size_t n = 0;
+  auto sleep = [&](std::chrono::nanoseconds most) {
+    if (!prepare_wait()) return true;
     std::vector<pollfd> fds{{notify_eventfd.get(), POLLIN, 0}};
     for (auto& e : endpoints())
       if (e->in_use() && e->has_wait_fd() && e->try_arm_wait())
         fds.push_back({e->wait_fd(), POLLIN, 0});
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count();
-    ::poll(fds.data(), fds.size(), static_cast<int>(std::clamp<std::int64_t>(left, 1, 1000)));
-    spin.woke();
-  }
+    auto ms = std::chrono::ceil<std::chrono::milliseconds>(most).count();
+    ::poll(fds.data(), fds.size(), static_cast<int>(std::clamp<std::int64_t>(ms, 1, 1000)));
+    return true;
+  };
+  if (wait_until([&] { return (n = poll_notifications()) != 0; }, deadline, sleep_step(sleep)) ==
+      waited::timed_out)
+    return errc::timed_out;
+  return n;
 }
 
 }  // namespace vmmc::core

@@ -1,4 +1,4 @@
-// The spin policy of every wait (see progress.h).
+// The one wait loop of vmmc, and its spin policy (see progress.h).
 #include "vmmc/core/progress.h"
 
 #include <fcntl.h>
@@ -9,7 +9,9 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
+#include "spinner.h"
 #include "vmmc/core/settings.h"
 
 namespace vmmc::core {
@@ -153,11 +155,7 @@ void set_peers_share_cpus(std::optional<bool> share) {
   peers_share.store(share ? int(*share) : -1, std::memory_order_relaxed);
 }
 
-spinner::spinner() noexcept = default;
-
-spinner::~spinner() {
-  learn();
-}
+namespace detail {
 
 void spinner::start(clock::time_point now) noexcept {
   if (thread_budget_ns < 0) thread_budget_ns = limit().count();
@@ -204,15 +202,50 @@ void spinner::learn() noexcept {
   // A wait that never spun, or that slept at once for the machine's sake,
   // says nothing about what spinning is worth.
   if (!started_ || forced_) return;
-  const nanoseconds waited = clock::now() - start_;
+  const nanoseconds took = clock::now() - start_;
   const std::int64_t most = limit().count();
   // Ended within the most, by what it waited for (not given up when its
   // spin was spent, as a server's watch for the next call is): a full spin
   // would have caught it.
-  if (waited <= limit() && !spent_)
+  if (took <= limit() && !spent_)
     thread_budget_ns = std::min(most, std::max<std::int64_t>(2 * thread_budget_ns, 1000));
   else
     thread_budget_ns /= 2;
+}
+
+}  // namespace detail
+
+waited wait_until(function_ref<turn()> step, clock::time_point deadline,
+                  std::optional<sleep_step> sleep, const wait_options& options) {
+  detail::spinner spin(options.spin_most);
+  const bool spinning = options.spin;
+  const unsigned per_look = std::max(1u, options.turns_per_look);
+  for (unsigned turns = 1;; ++turns) {
+    switch (step()) {
+      case turn::done:
+        return waited::done;
+      case turn::progressed:
+        spin.restart();
+        break;
+      case turn::waiting:
+        break;
+    }
+    if (spinning && turns % per_look != 0) continue;
+    const auto now = clock::now();
+    if (now >= deadline) return waited::timed_out;
+    if (spinning && spin.again(now)) continue;
+    if (!sleep) return waited::stopped;
+    if (!(*sleep)(deadline - now)) return waited::stopped;
+    spin.woke();
+  }
+}
+
+bool sleep_briefly(nanoseconds nap) {
+  if (nap > nanoseconds::zero())
+    std::this_thread::sleep_for(nap);
+  else
+    ::sched_yield();
+  return true;
 }
 
 }  // namespace vmmc::core

@@ -18,13 +18,14 @@ status push_notification(remote_peer& peer, const notify_record& record) {
   notify_ring* ring = peer.ring();
   std::lock_guard lock(peer.ring_mutex);
   std::uint64_t tail = ring->tail.load(std::memory_order_relaxed);
-  spinner spin;
-  while (tail - ring->head.load(std::memory_order_acquire) >= notify_ring::capacity) {
-    if (!peer.alive.load(std::memory_order_acquire)) return errc::peer_gone;
-    if (spin.again()) continue;
-    std::this_thread::sleep_for(std::chrono::microseconds(20));  // no doorbell for space
-    spin.woke();
-  }
+  auto has_space_or_gone = [&] {
+    return tail - ring->head.load(std::memory_order_acquire) < notify_ring::capacity ||
+           !peer.alive.load(std::memory_order_acquire);
+  };
+  (void)wait_until(has_space_or_gone, clock::time_point::max(),
+                   napping(std::chrono::microseconds(20)));  // no doorbell for space
+  if (tail - ring->head.load(std::memory_order_acquire) >= notify_ring::capacity)
+    return errc::peer_gone;
   ring->records[tail % notify_ring::capacity] = record;
   ring->tail.store(tail + 1, std::memory_order_release);
   // Pairs with the fence in prepare_wait(): either the exporter sees our
@@ -246,8 +247,11 @@ status context::impl::post_record(const import_ptr& imp, const std::shared_ptr<o
   std::lock_guard lock(p.record_mutex);
   if (!p.ring_known) return errc::protocol_error;
   // Flow control: learn how far the exporter has consumed only when our own
-  // count says the ring is full (one fi_read then).
-  while (p.ring_tail - p.ring_head_cached >= wire::ring_slots) {
+  // count says the ring is full, one fi_read a turn; no doorbell rings for
+  // space here, so turns are 20 us apart.
+  status failed;
+  auto has_space = [&] {
+    if (p.ring_tail - p.ring_head_cached < wire::ring_slots) return true;
     auto reader = std::make_shared<op>();
     reader->import = imp;
     imp->in_flight.fetch_add(1, std::memory_order_acq_rel);
@@ -258,11 +262,16 @@ status context::impl::post_record(const import_ptr& imp, const std::shared_ptr<o
                      p.ring_address + offsetof(wire::fabric_ring, head), p.ring_key, p.alive);
     ep.finish_posting(reader, s.error());
     if (s) s = wait_op(*reader, clock::time_point::max());
-    if (!s) return s;
-    if (head > p.ring_tail) return errc::protocol_error;
-    if (head == p.ring_head_cached) std::this_thread::sleep_for(std::chrono::microseconds(20));
-    p.ring_head_cached = head;
-  }
+    if (s && head > p.ring_tail) s = errc::protocol_error;
+    if (!s)
+      failed = s;
+    else
+      p.ring_head_cached = head;
+    return !s || p.ring_tail - p.ring_head_cached < wire::ring_slots;
+  };
+  (void)wait_until(has_space, clock::time_point::max(), napping(std::chrono::microseconds(20)),
+                   {.spin = false});
+  if (!failed) return failed;
   std::byte record[wire::ring_slot_size];
   std::memcpy(record, &h, sizeof h);
   std::size_t size = sizeof h;
@@ -281,7 +290,7 @@ status context::impl::post_record(const import_ptr& imp, const std::shared_ptr<o
 
 status context::impl::wait_op(op& o, clock::time_point deadline) {
   fabric_endpoint* ep = o.import ? o.import->endpoint : nullptr;
-  spinner spin;
+  auto done = [&] { return o.done.load(std::memory_order_acquire); };
   // Giving up for good: what completes later must not land in the caller's
   // memory (a fetch into a local variable was written after its function had
   // returned). A zero-copy read the provider still holds writes the caller's
@@ -290,29 +299,37 @@ status context::impl::wait_op(op& o, clock::time_point deadline) {
   auto give_up = [&] {
     if (!ep) return errc::peer_gone;
     ep->abandon(o);
-    const auto patience = clock::now() + std::chrono::milliseconds(200);
-    while (o.lands_in_caller && !o.done.load(std::memory_order_acquire) && clock::now() < patience)
+    auto landed_or_failed = [&] {
       ep->progress();
+      return !o.lands_in_caller || done();
+    };
+    (void)wait_until(landed_or_failed, clock::now() + std::chrono::milliseconds(200),
+                     napping(std::chrono::microseconds(50)));
     return errc::peer_gone;
   };
-  while (!o.done.load(std::memory_order_acquire)) {
+  bool gone = false;
+  auto finished = [&] {
     if (ep) ep->progress();
-    if (o.done.load(std::memory_order_acquire)) break;
-    if (o.import && !o.import->peer->alive.load(std::memory_order_acquire)) return give_up();
-    auto now = clock::now();
-    if (now >= deadline) return errc::timed_out;
-    if (spin.again(now)) continue;
+    if (done()) return true;
+    gone = o.import && !o.import->peer->alive.load(std::memory_order_acquire);
+    return gone;
+  };
+  auto sleep = [&](std::chrono::nanoseconds most) {
     if (o.import && o.import->peer->conn->closed_by_peer()) {
       peer_died(o.import->peer, "its control connection ended while we waited");
-      return give_up();
+      gone = true;
+    } else if (o.import && !o.import->reachable()) {
+      gone = true;
     }
-    if (o.import && !o.import->reachable()) return give_up();
+    if (gone) return false;
     if (ep)
       ep->sleep_for_completions(std::min<std::chrono::microseconds>(
-          std::chrono::milliseconds(1),
-          std::chrono::duration_cast<std::chrono::microseconds>(deadline - now)));
-    spin.woke();
-  }
+          std::chrono::milliseconds(1), std::chrono::ceil<std::chrono::microseconds>(most)));
+    return true;
+  };
+  if (wait_until(finished, deadline, sleep_step(sleep)) == waited::timed_out)
+    return errc::timed_out;
+  if (gone && !done()) return give_up();
   return o.import ? classify_failure(*o.import, o.error) : o.error;
 }
 

@@ -343,15 +343,18 @@ bool runtime::start() {
           return false;
         }
       } else if (pass == 1 && node_ > j) {
-        for (;;) {
-          auto hello = p.link.channel().accept_peer("");
-          if (hello) break;
-          if (!hello.is(errc::would_block) || clock::now() > deadline) {
-            std::fprintf(stderr, "nx: node %ld did not connect: %s\n", j,
-                         hello.error().message().c_str());
-            return false;
-          }
-          std::this_thread::sleep_for(std::chrono::microseconds(100));
+        auto hello = p.link.channel().accept_peer("");
+        auto connected = [&] {
+          if (hello.is(errc::would_block)) hello = p.link.channel().accept_peer("");
+          return !hello.is(errc::would_block);
+        };
+        auto how = core::wait_until(connected, deadline,
+                                    core::napping(std::chrono::microseconds(100)), {.spin = false});
+        if (!hello) {
+          std::fprintf(
+              stderr, "nx: node %ld did not connect: %s\n", j,
+              how == core::waited::timed_out ? "timed out" : hello.error().message().c_str());
+          return false;
         }
       }
     }
@@ -1062,25 +1065,29 @@ int runtime::wait(request* r) {
 
 template <class Ready>
 int runtime::wait_until(Ready ready) {
-  core::spinner spin;
-  for (unsigned turn = 1;; ++turn) {
+  bool came = false;
+  auto over = [&] {
     progress();
-    if (ready()) return 0;
-    if (failure_) return failure_;
+    if ((came = ready()) || failure_) return true;
     // A handler runs when its message arrives, also while the node waits
     // for something else (an hrecv server answering during gsync).
     if (!handlers_due_.empty()) {
       run_due_handlers();
-      if (ready()) return 0;
+      came = ready();
     }
-    if ((turn & 31) != 0) continue;
-    if (spin.again()) continue;
+    return came;
+  };
+  auto sleep = [&](std::chrono::nanoseconds) {
     check_peers();
-    if (ready()) return 0;  // what a node sent before it went still counts
-    if (failure_) return failure_;
+    // What a node sent before it went still counts.
+    if ((came = ready()) || failure_) return false;
     sleep_a_little();
-    spin.woke();
-  }
+    return true;
+  };
+  // A turn costs a few nanoseconds: the clock is looked at every 32.
+  (void)core::wait_until(over, core::wait_clock::time_point::max(), core::sleep_step(sleep),
+                         {.turns_per_look = 32});
+  return came ? 0 : failure_;
 }
 
 // Sleeps on the doorbell after arming every channel (data from each peer,

@@ -123,7 +123,13 @@ class channel::impl {
   status post_buffer(std::byte* data, std::size_t length);
   result<bool> withdraw_post();
   void abandon_post(std::byte* data, std::size_t length);
-  status wait_a_little(clock::time_point deadline, core::spinner& spin, sleep_reason reason);
+  status wait(clock::time_point deadline, sleep_reason reason,
+              core::function_ref<core::turn()> step);
+  template <core::predicate Ready>
+  status wait(clock::time_point deadline, sleep_reason reason, Ready&& ready) {
+    auto step = [&] { return ready() ? core::turn::done : core::turn::waiting; };
+    return wait(deadline, reason, core::function_ref<core::turn()>(step));
+  }
   bool poll();
   std::uint64_t activity() const;
   bool prepare_sleep(sleep_reason reason);
@@ -534,26 +540,22 @@ result<std::size_t> channel::impl::write(const std::byte* data, std::size_t leng
 
 result<std::size_t> channel::impl::write_wait(const std::byte* data, std::size_t length, bool all,
                                               std::chrono::milliseconds timeout) {
-  auto deadline = deadline_after(timeout);
-  core::spinner spin;
   std::size_t done = 0;
-  while (done < length) {
+  std::error_code failed;
+  auto write_more = [&] {
     auto n = write(data + done, length - done, true);
     if (n) {
       done += *n;
-      if (!all) break;
-      spin.restart();
-      continue;
+      return done == length || !all ? core::turn::done : core::turn::progressed;
     }
-    if (!n.is(errc::would_block)) {
-      if (done > 0) break;
-      return n.error();
-    }
-    if (status s = wait_a_little(deadline, spin, sleep_reason::space); !s) {
-      if (done > 0) break;
-      return s.error();
-    }
-  }
+    if (n.is(errc::would_block)) return core::turn::waiting;
+    failed = n.error();
+    return core::turn::done;
+  };
+  if (length == 0) return 0;
+  if (status s = wait(deadline_after(timeout), sleep_reason::space, write_more); !s)
+    failed = s.error();
+  if (failed && done == 0) return failed;
   return done;
 }
 
@@ -675,30 +677,38 @@ bool channel::impl::gone() {
   return departed.load(std::memory_order_relaxed) || (attached && !ctx.describe(peer));
 }
 
-// Waits a bounded slice: returns at once while `spin` says to poll again
-// (the caller's loop busy-polls, driving progress), then sleeps on the
-// doorbell (or naps when the user gave no doorbell) with the arming protocol.
-status channel::impl::wait_a_little(clock::time_point deadline, core::spinner& spin,
-                                    sleep_reason reason) {
-  auto now = clock::now();
-  if (now >= deadline) return errc::timed_out;
-  if (spin.again(now)) return {};
-  if (gone() || broken()) return errc::peer_gone;
-  if (!attached) {
-    // Cannot arm a doorbell before we reach the peer's area: nap instead.
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
-    return {};
+// Waits until `step` says done: busy-polls while core's spin policy says so,
+// then sleeps on the doorbell (or naps when the user gave no doorbell) with
+// the arming protocol. Errors: timed_out; peer_gone, found before a sleep.
+status channel::impl::wait(clock::time_point deadline, sleep_reason reason,
+                           core::function_ref<core::turn()> step) {
+  auto sleep = [&](std::chrono::nanoseconds most) {
+    if (gone() || broken()) return false;
+    if (!attached) {
+      // Cannot arm a doorbell before we reach the peer's area: nap instead.
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      return true;
+    }
+    auto slice = std::min<std::chrono::nanoseconds>(most, std::chrono::milliseconds(100));
+    if (options.await_doorbell) {
+      options.await_doorbell(
+          [&] { return prepare_sleep(reason); },
+          static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(slice).count()));
+    } else if (prepare_sleep(reason)) {
+      std::this_thread::sleep_for(
+          std::min<std::chrono::nanoseconds>(slice, std::chrono::microseconds(200)));
+    }
+    return true;
+  };
+  switch (core::wait_until(step, deadline, core::sleep_step(sleep))) {
+    case core::waited::done:
+      return {};
+    case core::waited::timed_out:
+      return errc::timed_out;
+    case core::waited::stopped:
+      break;
   }
-  auto slice = std::min<clock::duration>(deadline - now, std::chrono::milliseconds(100));
-  if (options.await_doorbell) {
-    options.await_doorbell(
-        [&] { return prepare_sleep(reason); },
-        static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(slice).count()));
-  } else if (prepare_sleep(reason)) {
-    std::this_thread::sleep_for(std::min<clock::duration>(slice, std::chrono::microseconds(200)));
-  }
-  spin.woke();
-  return {};
+  return errc::peer_gone;
 }
 
 status channel::impl::post_buffer(std::byte* data, std::size_t length) {
@@ -819,25 +829,25 @@ result<std::optional<receive_result>> channel::impl::step_post(std::byte* data, 
 
 result<receive_result> channel::impl::complete_post(std::byte* data, std::size_t length,
                                                     bool wait_all, clock::time_point deadline) {
-  core::spinner spin;
-  for (;;) {
-    auto step = step_post(data, length, wait_all, false, clock::now() >= deadline);
-    if (!step) {
-      if (post_open) abandon_post(data, length);
-      return step.error();
-    }
-    if (*step) return **step;
-    if (status s = wait_a_little(clock::time_point::max(), spin, sleep_reason::data); !s) {
-      abandon_post(data, length);
-      return s.error();
-    }
+  result<std::optional<receive_result>> step = std::optional<receive_result>();
+  auto finished = [&] {
+    step = step_post(data, length, wait_all, false, clock::now() >= deadline);
+    return !step || *step;
+  };
+  if (status s = wait(clock::time_point::max(), sleep_reason::data, finished); !s) {
+    abandon_post(data, length);
+    return s.error();
   }
+  if (!step) {
+    if (post_open) abandon_post(data, length);
+    return step.error();
+  }
+  return **step;
 }
 
 result<receive_result> channel::impl::receive(std::byte* data, std::size_t length, bool wait_all,
                                               std::chrono::milliseconds timeout) {
   auto deadline = deadline_after(timeout);
-  core::spinner spin;
   receive_result total;
   while (total.total() < length) {
     std::size_t want = length - total.total();
@@ -861,7 +871,10 @@ result<receive_result> channel::impl::receive(std::byte* data, std::size_t lengt
       if (got->total() == 0 && at_end()) break;
       continue;
     }
-    if (status s = wait_a_little(deadline, spin, sleep_reason::data); !s) {
+    auto news = [&] {
+      return readable() > 0 || at_end() || (attached && caps.zero_copy_receive && want >= post_min);
+    };
+    if (status s = wait(deadline, sleep_reason::data, news); !s) {
       if (s.is(errc::timed_out) && total.total() > 0) break;
       // The peer may have ended its stream just before it went away.
       if (s.is(errc::peer_gone) && (readable() > 0 || at_end())) continue;

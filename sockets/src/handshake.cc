@@ -17,6 +17,7 @@
 
 #include "parse.h"
 #include "sockets.h"
+#include "vmmc/core/progress.h"
 #include "wire.h"
 
 namespace vmmc::sockets::detail {
@@ -36,23 +37,47 @@ void release_awaiting_slot(stream& s) {
   if (s.awaiting_slot.exchange(false)) awaiting_client.fetch_sub(1);
 }
 
+namespace {
+// Waits, bounded by 2 s, while `move` (one non-blocking call: bytes moved,
+// or -1 with errno) moves the rest of `length` bytes, sleeping in the
+// kernel until the descriptor is ready for `events` again. These are the
+// handshake's few bytes: nothing to busy-poll.
+template <class Move>
+bool move_all(int fd, std::size_t length, short events, Move move) {
+  bool failed = false;
+  auto moved_all = [&] {
+    while (length > 0) {
+      ssize_t n = move(length);
+      if (n > 0) {
+        length -= static_cast<std::size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      failed = n == 0 || errno != EAGAIN;
+      return failed;
+    }
+    return true;
+  };
+  auto sleep = [&](std::chrono::nanoseconds most) {
+    pollfd pfd{fd, events, 0};
+    ::poll(&pfd, 1,
+           static_cast<int>(std::min<std::int64_t>(
+               10, std::chrono::ceil<std::chrono::milliseconds>(most).count())));
+    return true;
+  };
+  return core::wait_until(moved_all, clock::now() + std::chrono::seconds(2),
+                          core::sleep_step(sleep), {.spin = false}) == core::waited::done &&
+         !failed;
+}
+}  // namespace
+
 bool send_all(int fd, const void* data, std::size_t length, int flags) {
   auto* p = static_cast<const char*>(data);
-  auto deadline = clock::now() + std::chrono::seconds(2);
-  while (length > 0) {
-    ssize_t n = ::send(fd, p, length, flags | MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n > 0) {
-      p += n;
-      length -= static_cast<std::size_t>(n);
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && errno != EAGAIN) return false;
-    if (clock::now() > deadline) return false;
-    pollfd pfd{fd, POLLOUT, 0};
-    ::poll(&pfd, 1, 10);
-  }
-  return true;
+  return move_all(fd, length, POLLOUT, [&](std::size_t left) {
+    ssize_t n = ::send(fd, p, left, flags | MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) p += n;
+    return n;
+  });
 }
 
 namespace {
@@ -60,22 +85,11 @@ namespace {
 // byte at once, so this waits a round trip at most; bounded anyway).
 bool receive_exactly(int fd, void* data, std::size_t length) {
   auto* p = static_cast<char*>(data);
-  auto deadline = clock::now() + std::chrono::seconds(2);
-  while (length > 0) {
-    ssize_t n = ::recv(fd, p, length, MSG_DONTWAIT);
-    if (n > 0) {
-      p += n;
-      length -= static_cast<std::size_t>(n);
-      continue;
-    }
-    if (n == 0) return false;
-    if (errno == EINTR) continue;
-    if (errno != EAGAIN) return false;
-    if (clock::now() > deadline) return false;
-    pollfd pfd{fd, POLLIN, 0};
-    ::poll(&pfd, 1, 10);
-  }
-  return true;
+  return move_all(fd, length, POLLIN, [&](std::size_t left) {
+    ssize_t n = ::recv(fd, p, left, MSG_DONTWAIT);
+    if (n > 0) p += n;
+    return n;
+  });
 }
 
 std::chrono::microseconds server_hold(int fd) {

@@ -117,21 +117,20 @@ ssize_t write_after_tcp_failed(stream& s, int flags) {
 // busy-polls while core's spin policy says so, then sleeps on the doorbell.
 bool wait_readable(stream& s, clock::time_point deadline) {
   redirect::channel& ch = *s.chan;
-  core::spinner spin;
-  while (ch.readable() == 0 && !ch.at_end() && !input_on_tcp(s)) {
-    if (tcp_failed(s)) return true;
+  auto news = [&] {
+    if (ch.readable() > 0 || ch.at_end() || input_on_tcp(s) || tcp_failed(s)) return true;
     answer_revert(s);
-    auto now = clock::now();
-    if (now >= deadline) return false;
-    if (spin.again(now)) continue;
-    if (ch.peer_gone()) return true;
-    auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count();
+    return false;
+  };
+  auto sleep = [&](std::chrono::nanoseconds most) {
+    if (ch.peer_gone()) return false;
+    auto left = std::chrono::ceil<std::chrono::milliseconds>(most).count();
     sleep_on_doorbell(
         s, [&] { return ch.prepare_sleep(redirect::sleep_reason::data); },
         static_cast<int>(std::min<long long>(left, 100)));
-    spin.woke();
-  }
-  return true;
+    return true;
+  };
+  return core::wait_until(news, deadline, core::sleep_step(sleep)) != core::waited::timed_out;
 }
 
 // A fabric path's bytes travel on connections of their own: those a killed
@@ -147,12 +146,9 @@ bool bytes_still_coming(stream& s) {
   if (::getsockopt(s.fd, IPPROTO_TCP, TCP_INFO, &info, &size) == 0 && info.tcpi_rto > 0)
     quiet = std::chrono::milliseconds((info.tcpi_rto + 2 * info.tcpi_rtt) / 1000 + 1);
   quiet = std::clamp(quiet, std::chrono::milliseconds(50), std::chrono::milliseconds(3000));
-  const auto deadline = clock::now() + quiet;
-  while (s.chan->readable() == 0 && !s.chan->at_end()) {
-    if (clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return true;
+  auto came = [&] { return s.chan->readable() > 0 || s.chan->at_end(); };
+  return core::wait_until(came, clock::now() + quiet, core::napping(std::chrono::milliseconds(1)),
+                          {.spin = false}) == core::waited::done;
 }
 
 constexpr ssize_t read_on = -3;  // end_after_peer_gone: bytes came, read them
@@ -168,17 +164,27 @@ constexpr ssize_t read_on = -3;  // end_after_peer_gone: bytes came, read them
 // connection the kernel gave up on (ETIMEDOUT: the peer's host is
 // unreachable) or none at all is an error.
 ssize_t end_after_peer_gone(stream& s) {
-  auto deadline = clock::now() + std::chrono::milliseconds(200);
-  while (true) {
+  bool go_on_tcp = false;
+  auto settled = [&] {
     drain_doorbells(s);
-    if (input_on_tcp(s)) return switched;
-    // Its end record is in, and channel bytes before it arrived meanwhile.
-    if (s.peer_channel_end.load() != stream::no_end && s.chan->readable() > 0) return switched;
-    if (s.tcp_eof.load() || clock::now() >= deadline) break;
+    // On TCP: its end record is there, or it is in and channel bytes before
+    // it arrived meanwhile.
+    go_on_tcp =
+        input_on_tcp(s) || (s.peer_channel_end.load() != stream::no_end && s.chan->readable() > 0);
+    if (go_on_tcp || s.tcp_eof.load()) return true;
     tcp_failed(s);
+    return false;
+  };
+  auto sleep_on_tcp = [&](std::chrono::nanoseconds most) {
     pollfd pfd{s.fd, POLLIN, 0};
-    ::poll(&pfd, 1, 20);
-  }
+    ::poll(&pfd, 1,
+           static_cast<int>(std::min<std::int64_t>(
+               20, std::chrono::ceil<std::chrono::milliseconds>(most).count())));
+    return true;
+  };
+  (void)core::wait_until(settled, clock::now() + std::chrono::milliseconds(200),
+                         core::sleep_step(sleep_on_tcp), {.spin = false});
+  if (go_on_tcp) return switched;
   const int error = s.tcp_error.load();
   const bool departed =
       s.tcp_eof.load() &&
@@ -205,12 +211,10 @@ ssize_t end_after_peer_gone(stream& s) {
 // live peer's reset is reported as such).
 bool reset_by_departed_peer(stream& s) {
   if (!s.chan || s.tcp_error_told.load()) return false;
-  const auto deadline = clock::now() + std::chrono::milliseconds(200);
-  while (!s.chan->peer_gone()) {
-    if (clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return true;
+  auto gone = [&] { return s.chan->peer_gone(); };
+  return core::wait_until(gone, clock::now() + std::chrono::milliseconds(200),
+                          core::napping(std::chrono::milliseconds(1)),
+                          {.spin = false}) == core::waited::done;
 }
 
 // Channel bytes the peer wrote before its end record that are still to be

@@ -94,6 +94,37 @@ bool any_channel_ready(poll_state& st) {
     if (reportable(ready_events(*st.ours[k].second, st.wanted[k], 0), st.wanted[k])) return true;
   return false;
 }
+
+// The wait of poll() and epoll_wait() once our streams are among the
+// descriptors. `look(timeout_ms)` asks the kernel and our streams once (the
+// count of ready descriptors, or -1). Between looks core's wait busy-polls
+// our channels (no system call), then arms their doorbells (`arm`: false,
+// news is on its way) and the kernel's look is the sleep. Members that have
+// no channel yet (connections still deciding) give nothing to busy-poll:
+// the kernel's look is the whole wait, one system call as without us.
+template <class Look, class Ready, class Arm, class HasChannels>
+int wait_for_readiness(int timeout_ms, bool deciding_only, Look look, Ready channels_ready, Arm arm,
+                       HasChannels has_channels) {
+  const auto deadline = deadline_after(timeout_ms);
+  int n = look(deciding_only ? milliseconds_until(deadline) : 0);
+  if (n != 0 || timeout_ms == 0 || clock::now() >= deadline) return n;
+  auto sleep = [&](std::chrono::nanoseconds) {
+    n = look(!has_channels() || arm() ? milliseconds_until(deadline) : 0);
+    return n == 0 && clock::now() < deadline;
+  };
+  for (;;) {
+    switch (core::wait_until(channels_ready, deadline, core::sleep_step(sleep),
+                             {.spin = has_channels()})) {
+      case core::waited::stopped:  // the kernel's look: ready, failed, or the deadline came
+        return n;
+      case core::waited::timed_out:
+        return look(0);
+      case core::waited::done:  // a channel is ready: say which
+        if ((n = look(0)) != 0) return n;
+        break;
+    }
+  }
+}
 }  // namespace
 
 int poll(pollfd* fds, nfds_t count, int timeout_ms) {
@@ -111,40 +142,27 @@ int poll(pollfd* fds, nfds_t count, int timeout_ms) {
   }
   if (st.ours.empty()) return ::poll(fds, count, timeout_ms);
   busy_call busy;
-
-  auto deadline = deadline_after(timeout_ms);
-  core::spinner spin;
-  // Connections still deciding have no channel to busy-poll: the kernel's
-  // wait is the whole wait, one system call as without us.
-  bool sleeping = std::all_of(st.ours.begin(), st.ours.end(),
-                              [](const auto& o) { return kernel_only(*o.second); });
-  while (true) {
+  auto look = [&](int ms) {
     for (std::size_t k = 0; k < st.ours.size(); ++k)
       fds[st.ours[k].first].events = kernel_interest(*st.ours[k].second, st.wanted[k]);
-    int r = ::poll(fds, count, sleeping ? milliseconds_until(deadline) : 0);
-    if (r < 0) {
+    if (::poll(fds, count, ms) < 0) {
       int saved = errno;
       for (std::size_t k = 0; k < st.ours.size(); ++k) fds[st.ours[k].first].events = st.wanted[k];
       errno = saved;
       return -1;
     }
-    int ready = finish_poll(fds, count, st);
-    if (ready > 0 || timeout_ms == 0 || clock::now() >= deadline) return ready;
-    if (!any_channel(st)) {
-      sleeping = true;
-      continue;
-    }
-    // Busy-poll the channels (no system call), then arm and sleep.
-    if (sleeping) spin.woke();
-    sleeping = false;
-    while (!any_channel_ready(st) && spin.again()) {
-    }
-    if (any_channel_ready(st)) continue;
-    bool armed = true;
-    for (std::size_t k = 0; k < st.ours.size() && armed; ++k)
-      armed = prepare_sleep(*st.ours[k].second, st.wanted[k]);
-    sleeping = armed;
-  }
+    return finish_poll(fds, count, st);
+  };
+  auto arm = [&] {
+    for (std::size_t k = 0; k < st.ours.size(); ++k)
+      if (!prepare_sleep(*st.ours[k].second, st.wanted[k])) return false;
+    return true;
+  };
+  bool kernel_only_members = std::all_of(st.ours.begin(), st.ours.end(),
+                                         [](const auto& o) { return kernel_only(*o.second); });
+  return wait_for_readiness(
+      timeout_ms, kernel_only_members, look, [&] { return any_channel_ready(st); }, arm,
+      [&] { return any_channel(st); });
 }
 
 int ppoll(pollfd* fds, nfds_t count, const timespec* timeout, const sigset_t* mask) {
@@ -497,23 +515,11 @@ int epoll_wait(int epfd, epoll_event* events, int max_events, int timeout_ms) {
   auto set = find_set(epfd);
   if (!set || max_events <= 0) return ::epoll_wait(epfd, events, max_events, timeout_ms);
   busy_call busy;
-  auto deadline = deadline_after(timeout_ms);
-  core::spinner spin;
-  bool sleeping = all_kernel_only(*set);  // see poll()
-  while (true) {
-    int n = collect(epfd, *set, events, max_events, sleeping ? milliseconds_until(deadline) : 0);
-    if (n != 0 || timeout_ms == 0 || clock::now() >= deadline) return n;
-    if (!any_channel_member(*set)) {
-      sleeping = true;
-      continue;
-    }
-    if (sleeping) spin.woke();
-    sleeping = false;
-    while (!any_stream_ready(*set) && spin.again()) {
-    }
-    if (any_stream_ready(*set)) continue;
-    sleeping = arm_streams(*set);
-  }
+  return wait_for_readiness(
+      timeout_ms, all_kernel_only(*set),
+      [&](int ms) { return collect(epfd, *set, events, max_events, ms); },
+      [&] { return any_stream_ready(*set); }, [&] { return arm_streams(*set); },
+      [&] { return any_channel_member(*set); });
 }
 
 int epoll_pwait(int epfd, epoll_event* events, int max_events, int timeout_ms,

@@ -16,6 +16,7 @@
 
 #include "parse.h"
 #include "sockets.h"
+#include "vmmc/core/progress.h"
 #include "vmmc/sockets/socket.h"
 #include "wire.h"
 
@@ -284,8 +285,7 @@ void revert_all(bool only_inheritable) {
       continue;
     if (s->state.load() == phase::upgraded) pending.push_back(std::move(t));
   }
-  std::vector<pollfd> fds;
-  while (!pending.empty()) {
+  auto take_back = [&] {
     bool moved = false;
     for (std::size_t i = 0; i < pending.size(); ++i) {
       taking& t = pending[i];
@@ -307,15 +307,23 @@ void revert_all(bool only_inheritable) {
       log(3, "fd %d: back on TCP (%zu bytes kept)", s.fd.load(), t.taken.size());
       pending.erase(pending.begin() + static_cast<long>(i--));
     }
-    if (pending.empty() || clock::now() > deadline) break;
-    if (moved) continue;
+    if (pending.empty()) return core::turn::done;
+    return moved ? core::turn::progressed : core::turn::waiting;
+  };
+  // Answers come over TCP (the peer's revert record) or its channel.
+  std::vector<pollfd> fds;
+  auto sleep = [&](std::chrono::nanoseconds) {
     fds.clear();
     for (auto& t : pending) {
       (void)t.s->chan->poll();
       fds.push_back({t.s->fd, POLLIN, 0});
     }
     ::poll(fds.data(), fds.size(), 1);
-  }
+    return true;
+  };
+  if (!pending.empty())
+    (void)core::wait_until(core::function_ref<core::turn()>(take_back), deadline,
+                           core::sleep_step(sleep));
   for (auto& t : pending) {
     // The peer did not answer in time: the connection stays on VMMC here
     // (a fork() child cannot use it); what was taken is read first.

@@ -145,11 +145,13 @@ xprt_stat connection_stat(SVCXPRT* xprt) {
   c.resume = true;
   if (c.stream.buffered() > 0) return XPRT_MOREREQS;
   if (c.served && c.stream.on_vmmc() && !(++c.streak % 4 == 0 && others_waiting(c.xprt.xp_fd))) {
-    core::spinner spin(watch_for_next_call);
-    int ready = 0;
-    do {
-      if (sockets::ioctl(c.xprt.xp_fd, FIONREAD, &ready) == 0 && ready > 0) return XPRT_MOREREQS;
-    } while (spin.again());
+    auto next_call_came = [&] {
+      int ready = 0;
+      return sockets::ioctl(c.xprt.xp_fd, FIONREAD, &ready) == 0 && ready > 0;
+    };
+    if (core::wait_until(next_call_came, core::wait_clock::time_point::max(), std::nullopt,
+                         {.spin_most = watch_for_next_call}) == core::waited::done)
+      return XPRT_MOREREQS;
   }
   c.served = false;
   if (take_or_arm(c)) return XPRT_MOREREQS;

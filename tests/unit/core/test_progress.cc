@@ -1,6 +1,7 @@
-// unit.core.progress: the spin policy every wait follows (core/progress.h):
-// a spin never outlasts its budget, learns what spinning has been worth,
-// and does not yield while yields hand the core to threads that compute.
+// unit.core.progress: core's one wait (core/progress.h): it ends as its
+// steps say, and its spin follows the policy every wait of vmmc follows: it
+// never outlasts its budget, learns what spinning has been worth, and does
+// not yield while yields hand the core to threads that compute.
 #include <gtest/gtest.h>
 #include <sched.h>
 
@@ -18,78 +19,153 @@ namespace {
 
 using namespace std::chrono_literals;
 using clock = std::chrono::steady_clock;
-using core::spinner;
+using core::turn;
+using core::wait_options;
+using core::wait_until;
+using core::waited;
 using std::chrono::nanoseconds;
 
 nanoseconds most() {
   return std::chrono::duration_cast<nanoseconds>(core::spin_limit());
 }
 
+// A spin measured from outside overshoots its budget by a turn (a yield
+// that returns at once); by more, the thread was preempted.
+constexpr nanoseconds overshoot = 50us;
+
 // Runs `body` in a fresh thread (it starts from the full budget: what a
 // thread learnt stays with it) until it ran undisturbed: on a shared machine
-// one of its yields may take a time slice, and waits then sleep at once for
-// a while, which the expected figures do not allow for. `body` returns
-// false when a wait's budget said so.
+// a spin may be preempted, or one of its yields take a time slice (waits
+// then sleep at once for a while), which the expected figures do not allow
+// for. `body` returns false when it was disturbed.
 template <class Body>
 void undisturbed(Body body) {
   for (int attempt = 0; attempt < 10; ++attempt) {
     while (core::yields_are_costly()) std::this_thread::sleep_for(5ms);
     bool clean = false;
-    std::thread t([&] { clean = body(); });
+    std::thread t([&] { clean = body() && !core::yields_are_costly(); });
     t.join();
     if (clean) return;
   }
-  FAIL() << "10 runs were disturbed by costly yields";
+  FAIL() << "10 runs were disturbed";
 }
 
-TEST(Progress, ASpinLastsItsBudgetThenSaysSleep) {
+// One wait for what never comes, until its `sleeps`-th sleep: how long it
+// spun before each sleep, and how many turns it took in all.
+struct spins {
+  std::vector<nanoseconds> before_sleep;
+  int turns = 0;
+};
+spins spin_until_sleeps(int sleeps, const wait_options& options = {}) {
+  spins out;
+  auto from = clock::now();
+  auto sleep = [&](nanoseconds) {
+    out.before_sleep.push_back(clock::now() - from);
+    from = clock::now();
+    return static_cast<int>(out.before_sleep.size()) < sleeps;
+  };
+  auto never = [&] {
+    ++out.turns;
+    return false;
+  };
+  EXPECT_EQ(wait_until(never, clock::time_point::max(), core::sleep_step(sleep), options),
+            waited::stopped);
+  return out;
+}
+
+// A wait answered at its second look: it spun (a turn), and was answered
+// within the most.
+void answered_at_second_look() {
+  int looks = 0;
+  EXPECT_EQ(wait_until([&] { return ++looks == 2; }, clock::time_point::max(), std::nullopt),
+            waited::done);
+}
+
+// A watch (no sleep step) given up when its spin was spent.
+void watch_given_up() {
+  EXPECT_EQ(wait_until([] { return false; }, clock::time_point::max(), std::nullopt),
+            waited::stopped);
+}
+
+TEST(Progress, TheWaitEndsAsItsStepsSay) {
+  int looks = 0;
+  EXPECT_EQ(wait_until([&] { return ++looks == 3; }, clock::time_point::max(), std::nullopt),
+            waited::done);
+  EXPECT_EQ(looks, 3);
+  auto start = clock::now();
+  EXPECT_EQ(wait_until([] { return false; }, start + 3ms, core::napping(100us)), waited::timed_out);
+  EXPECT_GE(clock::now() - start, 3ms);
+  // A sleep step that finds the wait over (a peer gone) ends it.
+  EXPECT_EQ(wait_until([] { return false; }, clock::time_point::max(),
+                       core::sleep_step([](nanoseconds) { return false; })),
+            waited::stopped);
+}
+
+TEST(Progress, ASleepIsToldHowLongItMaySleep) {
+  nanoseconds most_told = nanoseconds::max();
+  auto sleep = [&](nanoseconds most) {
+    most_told = std::min(most_told, most);
+    return core::sleep_briefly(std::min<nanoseconds>(most, 100us));
+  };
+  EXPECT_EQ(wait_until([] { return false; }, clock::now() + 2ms, core::sleep_step(sleep)),
+            waited::timed_out);
+  EXPECT_LE(most_told, 2ms);
+  EXPECT_GT(most_told, 0ns);
+}
+
+TEST(Progress, WithoutSpinningTheFirstTurnSleeps) {
+  auto s = spin_until_sleeps(3, {.spin = false});
+  EXPECT_EQ(s.turns, 3);
+}
+
+TEST(Progress, ASpinLastsItsBudgetThenSleeps) {
   undisturbed([] {
-    spinner s;
-    auto start = clock::now();
-    int turns = 0;
-    while (s.again()) ++turns;
-    auto spun = clock::now() - start;
-    if (s.budget() == 0ns) return false;
-    EXPECT_EQ(s.budget(), most()) << "a fresh thread starts from the most";
-    EXPECT_GE(spun, s.budget());
-    EXPECT_GT(turns, 0);
+    auto s = spin_until_sleeps(1);
+    if (s.before_sleep[0] >= most() + overshoot) return false;
+    EXPECT_GE(s.before_sleep[0], most()) << "a fresh thread starts from the most";
+    EXPECT_GT(s.turns, 1);
     return true;
   });
 }
 
 TEST(Progress, SpinningThatDoesNotPayShrinksAndThatWhichPaysGrows) {
   undisturbed([] {
-    bool clean = true;
-    auto spin_out = [&](spinner& s) {
-      while (s.again()) {
-      }
-      clean &= s.budget() > 0ns;
-    };
     // Three waits that outlast the most: the spins were wasted.
-    for (int i = 0; i < 3; ++i) {
-      spinner s;
-      spin_out(s);
-      std::this_thread::sleep_for(core::spin_limit() + 1ms);  // the "sleep"
-      s.woke();
-    }
+    for (int i = 0; i < 3; ++i)
+      (void)wait_until([] { return false; }, clock::time_point::max(),
+                       core::sleep_step([](nanoseconds) {
+                         std::this_thread::sleep_for(core::spin_limit() + 1ms);
+                         return false;
+                       }));
     const auto after_wasted = core::thread_spin_budget();
     // A watch given up when its spin was spent (a server's wait for a next
     // call that does not come) halves it too.
-    {
-      spinner s;
-      spin_out(s);
-    }
+    watch_given_up();
     const auto after_given_up = core::thread_spin_budget();
     // Waits answered within the most double it again, up to the most.
-    for (int i = 0; i < 40; ++i) {
-      spinner s;
-      (void)s.again();  // answered at the next look
-      clean &= s.budget() > 0ns;
-    }
-    if (!clean) return false;
+    for (int i = 0; i < 40; ++i) answered_at_second_look();
     EXPECT_EQ(after_wasted, most() / 8) << "halved by each of 3 wasted waits";
     EXPECT_EQ(after_given_up, most() / 16);
     EXPECT_EQ(core::thread_spin_budget(), most());
+    return true;
+  });
+}
+
+// A write that moves a part at a time through a small ring: each part that
+// came is a wait that paid, not one long wait that outlasted its spins.
+TEST(Progress, EachPartThatComesEndsAWaitAndBeginsAnother) {
+  undisturbed([] {
+    for (int i = 0; i < 4; ++i) watch_given_up();
+    EXPECT_EQ(core::thread_spin_budget(), most() / 16);
+    int looks = 0;
+    auto step = [&] {
+      ++looks;
+      if (looks == 8) return turn::done;
+      return looks % 2 == 0 ? turn::progressed : turn::waiting;
+    };
+    EXPECT_EQ(wait_until(core::function_ref<turn()>(step), clock::time_point::max(), std::nullopt),
+              waited::done);
+    EXPECT_EQ(core::thread_spin_budget(), most()) << "3 parts and the end: 4 waits that paid";
     return true;
   });
 }
@@ -99,38 +175,34 @@ TEST(Progress, SpinningThatDoesNotPayShrinksAndThatWhichPaysGrows) {
 // whole budget every time.
 TEST(Progress, AWaitThatKeepsSleepingSpinsLessEachTime) {
   undisturbed([] {
-    spinner s;
-    std::vector<nanoseconds> budgets;
-    for (int sleep = 0; sleep < 4; ++sleep) {
-      while (s.again()) {
-      }
-      budgets.push_back(s.budget());
-      s.woke();
+    auto s = spin_until_sleeps(4);
+    for (int i = 0; i < 4; ++i) {
+      const nanoseconds budget = most() / (1 << i);
+      if (s.before_sleep[i] >= budget + overshoot) return false;
+      EXPECT_GE(s.before_sleep[i], budget) << "spin " << i;
     }
-    for (auto b : budgets)
-      if (b == 0ns) return false;
-    EXPECT_EQ(budgets, (std::vector<nanoseconds>{most(), most() / 2, most() / 4, most() / 8}));
     return true;
   });
 }
 
 TEST(Progress, AWatchSpinsNoLongerThanItsOwnLimit) {
   undisturbed([] {
-    spinner s(20us);
-    while (s.again()) {
-    }
-    if (s.budget() == 0ns) return false;
-    EXPECT_EQ(s.budget(), 20us);
+    auto start = clock::now();
+    EXPECT_EQ(wait_until([] { return false; }, clock::time_point::max(), std::nullopt,
+                         {.spin_most = 20us}),
+              waited::stopped);
+    const nanoseconds spun = clock::now() - start;
+    if (spun >= 20us + overshoot) return false;
+    EXPECT_GE(spun, 20us);
     return true;
   });
 }
 
 TEST(Progress, AWaitAnsweredAtOnceCostsAndTeachesNothing) {
   std::thread t([] {
-    for (int i = 0; i < 10; ++i) {
-      spinner s;  // never asked: the answer was there
-      EXPECT_EQ(s.budget(), 0ns);
-    }
+    for (int i = 0; i < 10; ++i)
+      EXPECT_EQ(wait_until([] { return true; }, clock::time_point::max(), std::nullopt),
+                waited::done);
     EXPECT_EQ(core::thread_spin_budget(), core::spin_limit());
   });
   t.join();
@@ -166,8 +238,7 @@ void with_costly_yields(const std::function<void()>& then) {
     int waits = 0;
     for (auto until = clock::now() + 2s; !core::yields_are_costly() && clock::now() < until;
          ++waits) {
-      spinner s;
-      (void)s.again();  // one yield, then the answer is there
+      answered_at_second_look();  // one yield, then the answer is there
     }
     EXPECT_TRUE(core::yields_are_costly()) << "after " << waits << " waits";
     EXPECT_LE(waits, 100);
@@ -181,9 +252,8 @@ void with_costly_yields(const std::function<void()>& then) {
 
 TEST(Progress, WithCostlyYieldsAWaitWhosePeerSharesItsCpuSleepsAtOnce) {
   with_costly_yields([] {
-    spinner s;
-    EXPECT_FALSE(s.again());
-    EXPECT_EQ(s.budget(), 0ns);
+    auto s = spin_until_sleeps(1);
+    EXPECT_EQ(s.turns, 1) << "no turn before the sleep";
   });
 }
 
@@ -195,11 +265,7 @@ TEST(Progress, WithCostlyYieldsAWaitWhosePeerRunsBesideItSpinsWithoutYielding) {
     // thread that computes shares the CPU), so the best of a few counts.
     int most_turns = 0;
     for (int attempt = 0; attempt < 5 && core::yields_are_costly(); ++attempt) {
-      spinner s;
-      int turns = 0;
-      while (s.again()) ++turns;
-      EXPECT_GT(s.budget(), 0ns);
-      most_turns = std::max(most_turns, turns);
+      most_turns = std::max(most_turns, spin_until_sleeps(1).turns);
     }
     EXPECT_GT(most_turns, 100);
   });

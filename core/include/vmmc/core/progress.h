@@ -1,11 +1,14 @@
-// vmmc/core/progress.h: how long every wait in vmmc busy-polls before it
-// sleeps. One policy for every layer's waits (core's completions and
-// notifications, redirect's channels, sockets' reads and poll/epoll, vRPC's
-// server, NX's node):
+// vmmc/core/progress.h: the one way anything in vmmc waits. Every wait of
+// every layer (core's completions and notifications, redirect's channels,
+// sockets' reads and poll/epoll, vRPC's server, NX's node) is a call of
+// wait_until: it busy-polls what the wait is for, then arms and sleeps.
+//
+// How long it busy-polls is one policy, from one setting:
 //  - at most VMMC_CORE_SPIN_US, and within that what spinning has been worth
 //    to this thread lately: a wait that ended within the most doubles the
 //    thread's budget (a full spin would have caught it), one that outlasted
-//    it or was given up halves it;
+//    it or was given up halves it; each sleep of one wait halves its next
+//    spin (a wait that keeps sleeping must not spin at every wake-up);
 //  - plainly for the first microseconds, then yielding at every turn: a
 //    peer that has not answered by then may be waiting for this core, and
 //    where nobody waits a yield returns at once. A waiter confined to one CPU,
@@ -28,62 +31,96 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <type_traits>
+#include <utility>
 
 namespace vmmc::core {
 
-// One wait's spin phase. Use:
-//   spinner spin;
-//   while (!ready()) {
-//     drive progress;
-//     if (spin.again()) continue;
-//     arm, sleep on a descriptor;
-//     spin.woke();
-//   }
-// A spinner belongs to one wait of one thread. It costs nothing until the
-// first again() (a wait whose answer is already there never spins), and
-// learns, for the thread's later waits, when it is destroyed.
-class spinner {
+// A callable borrowed for the length of a call (no allocation, no copy):
+// the steps a wait is given.
+template <class Signature>
+class function_ref;
+template <class R, class... Args>
+class function_ref<R(Args...)> {
+  template <class F>
+  static constexpr bool borrowable = !std::is_same_v<std::remove_cvref_t<F>, function_ref> &&
+                                     std::is_invocable_r_v<R, F&, Args...>;
+
  public:
-  using clock = std::chrono::steady_clock;
-
-  spinner() noexcept;
-  // A wait that never spins longer than `most` whatever the budget: a watch
-  // for something that may not come, while other work may be waiting (a
-  // server watching one connection for its client's next call).
-  explicit spinner(std::chrono::nanoseconds most) noexcept : most_(most) {}
-  ~spinner();
-  spinner(const spinner&) = delete;
-  spinner& operator=(const spinner&) = delete;
-
-  // True: poll again (now and then it lets another thread have the core
-  // first). False: this spin is over, sleep.
-  [[nodiscard]] bool again() noexcept { return again(clock::now()); }
-  // The same, for a caller that has just read the clock.
-  [[nodiscard]] bool again(clock::time_point now) noexcept;
-  // After a sleep: spin again before the next one (a wake-up may come a
-  // moment before what it announces), for half as long as the last spin.
-  void woke() noexcept;
-  // What the caller waited for came, and it waits again for more: the wait
-  // so far counts as one, a new one begins.
-  void restart() noexcept;
-  // The budget of this wait's current spin.
-  std::chrono::nanoseconds budget() const { return budget_; }
+  // Implicit: passed where a wait's steps are expected.
+  template <class F, std::enable_if_t<borrowable<F>, int> = 0>
+  function_ref(F&& f) noexcept  // NOLINT(google-explicit-constructor)
+      : object_(const_cast<void*>(static_cast<const void*>(std::addressof(f)))),
+        call_([](void* o, Args... a) -> R {
+          return (*static_cast<std::remove_reference_t<F>*>(o))(std::forward<Args>(a)...);
+        }) {}
+  R operator()(Args... a) const { return call_(object_, std::forward<Args>(a)...); }
 
  private:
-  void start(clock::time_point now) noexcept;
-  void begin_spin(clock::time_point now) noexcept;
-  void learn() noexcept;
-
-  clock::time_point start_, spin_until_, plain_until_;
-  std::chrono::nanoseconds budget_{0};
-  std::chrono::nanoseconds most_ = std::chrono::nanoseconds::max();
-  std::uint32_t sleeps_ = 0;  // in this wait
-  bool started_ = false;
-  bool spent_ = false;      // the last again() said "sleep"
-  bool plain_ = true;       // the peer may run beside us: spin plainly first
-  bool no_yields_ = false;  // costly yields: spin plainly throughout
-  bool forced_ = false;     // costly yields, not the thread's budget, said "sleep at once"
+  void* object_;
+  R (*call_)(void*, Args...);
 };
+
+using wait_clock = std::chrono::steady_clock;
+
+// What one turn of a wait found.
+enum class turn {
+  waiting,     // nothing yet
+  progressed,  // part of what the wait is for came (a write moved some bytes): what was
+               // waited so far counts as one wait, and a new one begins
+  done,        // the wait is over, whatever its outcome (the caller keeps that)
+};
+
+// How a wait ended.
+enum class waited {
+  done,       // a turn said so
+  timed_out,  // the deadline came first
+  stopped,    // the sleep step would not sleep (it found the wait is over, a peer gone), or a
+              // watch's spin was spent (wait_options::spin_most with no sleep step)
+};
+
+struct wait_options {
+  // Spin no longer than this, whatever the budget: a watch for something
+  // that may not come while other work may be waiting (a server watching
+  // one connection for its client's next call).
+  std::chrono::nanoseconds spin_most = std::chrono::nanoseconds::max();
+  // False: nothing to busy-poll (the sleep step is the whole wait: a kernel
+  // poll over descriptors only), sleep at once.
+  bool spin = true;
+  // Look at the clock every this many turns (a turn that costs a few
+  // nanoseconds would otherwise mostly read the clock).
+  unsigned turns_per_look = 1;
+};
+
+// The sleep step: the spin is over. Arm the wake-ups, take one more turn's
+// look, and sleep at most `most` (never past the deadline). True: slept (or
+// found news while arming): turn again. False: the wait ends (`stopped`).
+using sleep_step = function_ref<bool(std::chrono::nanoseconds most)>;
+
+// The wait: takes turns (each drives progress without blocking and says
+// what it found), spinning by the policy above, then calls `sleep`, until
+// a turn says done or the deadline comes. `sleep` may be empty: a watch,
+// which ends `stopped` when its spin is spent.
+waited wait_until(function_ref<turn()> step, wait_clock::time_point deadline,
+                  std::optional<sleep_step> sleep, const wait_options& options = {});
+
+// The same for a wait whose turns only say done or not.
+template <class F>
+concept predicate = std::is_invocable_r_v<bool, F&>;
+template <predicate Ready>
+waited wait_until(Ready&& ready, wait_clock::time_point deadline, std::optional<sleep_step> sleep,
+                  const wait_options& options = {}) {
+  auto step = [&] { return ready() ? turn::done : turn::waiting; };
+  return wait_until(function_ref<turn()>(step), deadline, sleep, options);
+}
+
+// A sleep step for waits with nothing to sleep on (a ring whose space rings
+// no doorbell, a queue that drains as the peer progresses): naps at most
+// `nap` at a time; a zero nap yields the core.
+bool sleep_briefly(std::chrono::nanoseconds nap);  // always true
+inline auto napping(std::chrono::nanoseconds nap) {
+  return [nap](std::chrono::nanoseconds most) { return sleep_briefly(nap < most ? nap : most); };
+}
 
 // What a layer knows that the thread's CPU set does not tell (NX knows its
 // nodes' CPU sets): true, peers share the CPUs this process runs on (yield

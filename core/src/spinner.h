@@ -1,0 +1,47 @@
+// The spin phase of one wait, by the policy of progress.h. Only
+// wait_until uses it: every wait in vmmc is one of its calls.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+
+namespace vmmc::core::detail {
+
+class spinner {
+ public:
+  using clock = std::chrono::steady_clock;
+
+  spinner() noexcept = default;
+  explicit spinner(std::chrono::nanoseconds most) noexcept : most_(most) {}
+  ~spinner() { learn(); }
+  spinner(const spinner&) = delete;
+  spinner& operator=(const spinner&) = delete;
+
+  // True: poll again (now and then it lets another thread have the core
+  // first). False: this spin is over, sleep. The first call starts the
+  // spin: a wait whose answer is there at once never spins.
+  [[nodiscard]] bool again(clock::time_point now) noexcept;
+  // After a sleep: spin again before the next one (a wake-up may come a
+  // moment before what it announces), for half as long as the last spin.
+  void woke() noexcept;
+  // What the caller waited for came, and it waits again for more: the wait
+  // so far counts as one, a new one begins.
+  void restart() noexcept;
+
+ private:
+  void start(clock::time_point now) noexcept;
+  void begin_spin(clock::time_point now) noexcept;
+  void learn() noexcept;
+
+  clock::time_point start_, spin_until_, plain_until_;
+  std::chrono::nanoseconds budget_{0};
+  std::chrono::nanoseconds most_ = std::chrono::nanoseconds::max();
+  std::uint32_t sleeps_ = 0;  // in this wait
+  bool started_ = false;
+  bool spent_ = false;      // the last again() said "sleep"
+  bool plain_ = true;       // the peer may run beside us: spin plainly first
+  bool no_yields_ = false;  // costly yields: spin plainly throughout
+  bool forced_ = false;     // costly yields, not the thread's budget, said "sleep at once"
+};
+
+}  // namespace vmmc::core::detail
