@@ -553,8 +553,11 @@ result<std::size_t> channel::impl::write_wait(const std::byte* data, std::size_t
     return core::turn::done;
   };
   if (length == 0) return 0;
-  if (status s = wait(deadline_after(timeout), sleep_reason::space, write_more); !s)
-    failed = s.error();
+  // Most writes find room at once: they never wait.
+  if (write_more() != core::turn::done) {
+    if (status s = wait(deadline_after(timeout), sleep_reason::space, write_more); !s)
+      failed = s.error();
+  }
   if (failed && done == 0) return failed;
   return done;
 }
