@@ -59,6 +59,10 @@ short kernel_interest(stream& s, short wanted) {
   if (p == phase::connecting) return static_cast<short>(wanted | POLLIN | POLLPRI | POLLOUT);
   if (p != phase::upgraded) return static_cast<short>(wanted | POLLIN | POLLPRI);
   if (!s.out_switched.load() || s.out_reverted.load()) events |= wanted & (POLLOUT | POLLWRNORM);
+  // The peer's end comes over TCP while its bytes do (before its switch, and
+  // after its end record); once they come through the channel its FIN would
+  // say nothing and, level-triggered, wake every wait.
+  if (!s.in_switched.load() || input_on_tcp(s)) events |= wanted & POLLRDHUP;
   return events;
 }
 

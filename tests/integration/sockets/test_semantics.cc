@@ -395,6 +395,22 @@ TEST_P(Semantics, PollAndSelectReportReadinessOnlyWhenTrue) {
   EXPECT_EQ(check_eof(io(), c), "");
 }
 
+// The peer's end while its bytes still come over TCP (it never switched:
+// it wrote and shut down before our hello reached it) is the kernel's FIN,
+// reported with POLLRDHUP on every look, not only the one that decided.
+TEST_P(Semantics, APeerThatEndsBeforeItsSwitchIsReportedWithPollRdhup) {
+  int c = pair_.client, s = pair_.server;
+  ASSERT_TRUE(write_string(s, "abc"));
+  ASSERT_EQ(io().shutdown(s, SHUT_WR), 0);
+  EXPECT_TRUE(wait_ready(io(), c, POLLIN, 5s) & POLLIN);
+  EXPECT_EQ(read_string(c, 1), "a");
+  short events = wait_ready(io(), c, POLLIN | POLLRDHUP, 5s);
+  EXPECT_TRUE(events & POLLIN);
+  EXPECT_TRUE(events & POLLRDHUP);
+  EXPECT_EQ(read_string(c, 2), "bc");
+  EXPECT_EQ(check_eof(io(), c), "");
+}
+
 TEST_P(Semantics, EpollLevelTriggeredReportsUntilDrained) {
   int c = pair_.client, s = pair_.server;
   int ep = io().epoll_create1(EPOLL_CLOEXEC);
