@@ -253,6 +253,7 @@ int accept4(int fd, sockaddr* address, socklen_t* length, int flags) {
   const bool peer_here =
       peer_named && local_named && peer_on_this_host(peer_address, local_address);
   auto s = adopt(client, false);
+  if (peer_named && local_named) keep_ends(*s, local, peer, peer_here);
   s->nonblocking.store(flags & SOCK_NONBLOCK);
   if (listener->fallback_reason.load() == fallback::excluded ||
       (peer_named && !allowed(nullptr, peer_address))) {

@@ -112,10 +112,7 @@ redirect::channel_options channel_options_for(stream& s) {
   // The kernel's verdict on the peer's host (keepalive, TCP_USER_TIMEOUT as
   // the application set them) is the stream's, as with kernel TCP.
   o.connection_broken = [self] { return tcp_failed(*self); };
-  sockaddr_storage peer{};
-  socklen_t length = sizeof peer;
-  if (::getpeername(s.fd.load(), reinterpret_cast<sockaddr*>(&peer), &length) == 0)
-    o.reached_over = peer;
+  if (learn_ends(s)) o.reached_over = s.peer_end;
   return o;
 }
 
@@ -147,8 +144,9 @@ void fail_connection(stream& s, const char* why) {
 // connection's local address (no setting needed on any host).
 core::context* context_for(stream& s) {
   core::context* ctx = process_context();
-  if (ctx && !peer_on_this_host(s.fd)) {
-    if (auto opened = ctx->open_remote_paths(local_ipv4(s.fd)); !opened)
+  if (ctx && learn_ends(s) && !s.peer_here) {
+    const std::string local = ipv4_text(reinterpret_cast<const sockaddr*>(&s.local_end));
+    if (auto opened = ctx->open_remote_paths(local); !opened)
       log(1, "fd %d: no fabric for a peer on another host: %s", s.fd.load(),
           opened.error().message().c_str());
   }
@@ -157,7 +155,12 @@ core::context* context_for(stream& s) {
 
 // Server: the client offered; answer with accept + hello frame.
 void accept_offer(stream& s) {
-  if (awaiting_client.fetch_add(1) >= max_awaiting_client()) {
+  // The limit is asked of the kernel (the program may raise its descriptor
+  // limit) only when the count nears the last answer.
+  static std::atomic<int> limit{64};
+  if (const int awaiting = awaiting_client.fetch_add(1);
+      awaiting >= limit.load(std::memory_order_relaxed) &&
+      awaiting >= (limit = max_awaiting_client())) {
     awaiting_client.fetch_sub(1);
     return become_plain(s, fallback::refused);
   }
@@ -329,7 +332,8 @@ void send_offer(stream& s) {
   if (!enabled()) return become_plain(s, fallback::disabled);
   // No offer byte at all where we would not upgrade: a peer on another host
   // (or a middlebox) never sees one.
-  if (auto why = keep_on_tcp(s.fd)) return become_plain(s, *why);
+  if (!learn_ends(s)) return become_plain(s, fallback::offer_failed);
+  if (auto why = keep_on_tcp_to(s.peer_here)) return become_plain(s, *why);
   unsigned char offer = wire::offer_byte;
   if (::send(s.fd, &offer, 1, MSG_OOB | MSG_NOSIGNAL | MSG_DONTWAIT) != 1)
     return become_plain(s, fallback::offer_failed);

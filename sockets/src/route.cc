@@ -78,18 +78,32 @@ bool peer_on_this_host(int fd) {
                            reinterpret_cast<const sockaddr*>(&local));
 }
 
-std::string local_ipv4(int fd) {
-  sockaddr_storage local{};
-  socklen_t length = sizeof local;
-  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) != 0) return {};
-  const std::string ip = ip_of(reinterpret_cast<const sockaddr*>(&local));
+void keep_ends(stream& s, const sockaddr_storage& local, const sockaddr_storage& peer,
+               bool peer_here) {
+  s.local_end = local;
+  s.peer_end = peer;
+  s.peer_here = peer_here;
+  s.ends_known.store(true, std::memory_order_release);
+}
+
+bool learn_ends(stream& s) {
+  if (s.ends_known.load(std::memory_order_acquire)) return true;
+  sockaddr_storage peer{}, local{};
+  socklen_t peer_length = sizeof peer, local_length = sizeof local;
+  if (::getpeername(s.fd, reinterpret_cast<sockaddr*>(&peer), &peer_length) != 0 ||
+      ::getsockname(s.fd, reinterpret_cast<sockaddr*>(&local), &local_length) != 0)
+    return false;
+  keep_ends(s, local, peer,
+            peer_on_this_host(reinterpret_cast<const sockaddr*>(&peer),
+                              reinterpret_cast<const sockaddr*>(&local)));
+  return true;
+}
+
+std::string ipv4_text(const sockaddr* address) {
+  const std::string ip = ip_of(address);
   char text[INET_ADDRSTRLEN];
   if (ip.size() != 4 || !::inet_ntop(AF_INET, ip.data(), text, sizeof text)) return {};
   return text;
-}
-
-std::optional<fallback> keep_on_tcp(int fd) {
-  return keep_on_tcp_to(peer_on_this_host(fd));
 }
 
 std::optional<fallback> keep_on_tcp_to(bool peer_here) {

@@ -67,6 +67,12 @@ struct stream {
   // it has decided), 0 if none (presence.h).
   std::atomic<std::uint64_t> presence_cookie{0};
   std::atomic<phase> state{phase::idle};
+  // The connection's two ends, asked of the kernel once it connected (at
+  // accept, or when the client offers) and kept for every later decision
+  // and description; valid once ends_known (release/acquire).
+  sockaddr_storage local_end{}, peer_end{};
+  bool peer_here = false;  // the peer runs on this host
+  std::atomic<bool> ends_known{false};
   std::atomic<fallback> fallback_reason{fallback::none};  // why it is kernel TCP (vmmc-stat)
   std::atomic<bool> nonblocking{false};
   // SO_RCVTIMEO / SO_SNDTIMEO; max() means none (set from any thread).
@@ -224,16 +230,20 @@ void log(int level, const char* format, ...) __attribute__((format(printf, 2, 3)
 // The other end is on this host (in this network namespace): loopback, or
 // an address of one of our interfaces.
 bool peer_on_this_host(int fd);
+// Keeps the connection's ends on `s` (ends_known); learn_ends asks the
+// kernel for them, false when it cannot tell (not connected).
+void keep_ends(stream& s, const sockaddr_storage& local, const sockaddr_storage& peer,
+               bool peer_here);
+bool learn_ends(stream& s);
 // The same for the address a connect() names (`local`: null if not bound yet).
 bool peer_on_this_host(const sockaddr* peer, const sockaddr* local = nullptr);
-// The IPv4 address (dotted, IPv4-mapped IPv6 too) of our end of the
-// connected `fd`; empty for IPv6 or on failure.
-std::string local_ipv4(int fd);
+// The IPv4 address (dotted, IPv4-mapped IPv6 too) of `address`; empty for
+// IPv6.
+std::string ipv4_text(const sockaddr* address);
 // Why a connection stays on kernel TCP although both ends may speak VMMC,
 // if it does: its peer is on another host and no fabric there can beat
-// kernel TCP (VMMC_SOCKETS_REMOTE). Decided before any byte of ours.
-std::optional<fallback> keep_on_tcp(int fd);
-// The same, once the caller knows whether the peer is on this host.
+// kernel TCP (VMMC_SOCKETS_REMOTE). Decided before any byte of ours, once
+// the caller knows whether the peer is on this host.
 std::optional<fallback> keep_on_tcp_to(bool peer_here);
 
 // --- handshake.cc

@@ -359,16 +359,22 @@ void publish_locked(publisher& p, stream& s, const sockaddr* remote, socklen_t r
     r.fd = fd;
     struct stat st {};
     if (::fstat(fd, &st) == 0) r.inode = st.st_ino;
-    sockaddr_storage a{};
-    socklen_t length = sizeof a;
-    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &length) == 0) r.local = endpoint_of(a);
-    a = {};
-    length = sizeof a;
-    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &length) == 0) {
-      r.remote = endpoint_of(a);
-    } else if (remote && remote_length <= sizeof a) {
-      std::memcpy(&a, remote, remote_length);
-      r.remote = endpoint_of(a);
+    if (s.ends_known.load(std::memory_order_acquire)) {
+      r.local = endpoint_of(s.local_end);
+      r.remote = endpoint_of(s.peer_end);
+    } else {
+      sockaddr_storage a{};
+      socklen_t length = sizeof a;
+      if (::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &length) == 0)
+        r.local = endpoint_of(a);
+      a = {};
+      length = sizeof a;
+      if (::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &length) == 0) {
+        r.remote = endpoint_of(a);
+      } else if (remote && remote_length <= sizeof a) {
+        std::memcpy(&a, remote, remote_length);
+        r.remote = endpoint_of(a);
+      }
     }
     p.owners[i] = &s;
   }
