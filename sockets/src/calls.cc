@@ -274,8 +274,12 @@ int accept4(int fd, sockaddr* address, socklen_t* length, int flags) {
     s->fallback_reason.store(fallback::peer_plain);
     s->state.store(phase::plain);
   } else {
+    // Decided by the first call on the connection, in the process that
+    // makes it: a server that forks per connection (postgres, sshd) upgrades
+    // it in the child that serves. Decided here, in the master, it went
+    // back to TCP at the fork, and the child served it slower than plain
+    // TCP (pgbench against postgres, both preloaded: 0.85x).
     s->state.store(phase::undecided);
-    try_decide(*s, false);
   }
   stat_publish(*s, true);
   errno = saved;
@@ -322,17 +326,22 @@ int close(int fd) {
       // The channel belongs to the parent, which may still use this socket:
       // neither end it nor tear it down from here.
       abandon(s->chan);
-    } else if (s && !s->shared.load()) {
-      // (A stream shared since fork() may live on in another process: only
-      // the kernel knows which close is the last, so we leave it be; its
-      // presence entry too, which is harmless once the socket is gone.)
-      presence::remove(s->presence_cookie.exchange(0));
+    } else if (s) {
+      // Our channel (made here, also on a socket shared since fork(), which
+      // this process decided): its peer reads every byte sent so far, then
+      // the end of the stream.
       if (s->state.load() == phase::upgraded && s->out_switched.load() && !s->out_reverted.load() &&
           !s->write_shut.load()) {
         std::lock_guard lock(s->write_mutex);
-        (void)s->chan->close_write();  // every byte sent so far, then end of stream
+        (void)s->chan->close_write();
       }
-      discard_protocol_bytes(*s);
+      // (A socket shared since fork() may live on in another process: only
+      // the kernel knows which close is the last, so what the kernel holds
+      // is left be; the presence entry too, harmless once the socket goes.)
+      if (!s->shared.load()) {
+        presence::remove(s->presence_cookie.exchange(0));
+        discard_protocol_bytes(*s);
+      }
     }
     // The last reference tears the channel down (the peer's later sends fail).
   }

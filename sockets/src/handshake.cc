@@ -385,6 +385,10 @@ void try_decide(stream& s, bool wait_for_first_byte) {
   if (s.state.load() != phase::undecided) return;
   std::lock_guard lock(s.setup_mutex);
   if (s.state.load() != phase::undecided) return;
+  // Still undecided when this process was forked (a server that forks per
+  // connection): the parent never made it a channel, and the one made here
+  // is this process's own.
+  s.inherited.store(false);
   decide_locked(s, wait_for_first_byte);
   // The server looked for our entry when it accepted, before it answered.
   if (s.is_client && s.state.load() != phase::undecided)
