@@ -68,16 +68,6 @@ bool peer_on_this_host(const sockaddr* peer, const sockaddr* local) {
   return one_of_our_addresses(ip);
 }
 
-bool peer_on_this_host(int fd) {
-  sockaddr_storage peer{}, local{};
-  socklen_t peer_length = sizeof peer, local_length = sizeof local;
-  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_length) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_length) != 0)
-    return false;
-  return peer_on_this_host(reinterpret_cast<const sockaddr*>(&peer),
-                           reinterpret_cast<const sockaddr*>(&local));
-}
-
 void keep_ends(stream& s, const sockaddr_storage& local, const sockaddr_storage& peer,
                bool peer_here) {
   s.local_end = local;

@@ -227,15 +227,15 @@ core::context* process_context();
 void log(int level, const char* format, ...) __attribute__((format(printf, 2, 3)));
 
 // --- route.cc: where the peer is, and whether VMMC beats kernel TCP to it.
-// The other end is on this host (in this network namespace): loopback, or
-// an address of one of our interfaces.
-bool peer_on_this_host(int fd);
-// Keeps the connection's ends on `s` (ends_known); learn_ends asks the
-// kernel for them, false when it cannot tell (not connected).
+// Keeps the connection's ends on `s` (ends_known), and whether the other
+// end is on this host (in this network namespace: loopback, or an address
+// of one of our interfaces); learn_ends asks the kernel for them, false
+// when it cannot tell (not connected).
 void keep_ends(stream& s, const sockaddr_storage& local, const sockaddr_storage& peer,
                bool peer_here);
 bool learn_ends(stream& s);
-// The same for the address a connect() names (`local`: null if not bound yet).
+// Whether `peer` is on this host, also for the address a connect() names
+// (`local`: null if not bound yet).
 bool peer_on_this_host(const sockaddr* peer, const sockaddr* local = nullptr);
 // The IPv4 address (dotted, IPv4-mapped IPv6 too) of `address`; empty for
 // IPv6.
