@@ -1187,12 +1187,12 @@ int idle_wait_case() {
   constexpr double spin_ms = calls * 0.2;  // a channel's busy-poll, 200 us a call
   double ours[2] = {1e9, 1e9}, kernel[2] = {1e9, 1e9};
   for (int r = 0; r < rounds; ++r) {
-    auto [p, kp] = cpu_ms_alternating(calls, ours_poll, kernel_poll);
-    auto [e, ke] = cpu_ms_alternating(calls, ours_epoll, kernel_epoll);
-    ours[0] = std::min(ours[0], p);
-    kernel[0] = std::min(kernel[0], kp);
-    ours[1] = std::min(ours[1], e);
-    kernel[1] = std::min(kernel[1], ke);
+    auto [polled, raw_polled] = cpu_ms_alternating(calls, ours_poll, kernel_poll);
+    auto [waited, raw_waited] = cpu_ms_alternating(calls, ours_epoll, kernel_epoll);
+    ours[0] = std::min(ours[0], polled);
+    kernel[0] = std::min(kernel[0], raw_polled);
+    ours[1] = std::min(ours[1], waited);
+    kernel[1] = std::min(kernel[1], raw_waited);
   }
   std::fprintf(stderr,
                "idle waits, %d calls, least CPU of %d rounds: poll() %.1f ms (raw system "
