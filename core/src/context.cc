@@ -2,11 +2,14 @@
 // providers, listeners, wake page, control thread; stop: in reverse).
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <sys/eventfd.h>
 #include <sys/random.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <sstream>
 
 #include "core.h"
@@ -75,12 +78,15 @@ status context::impl::start(const context_options& options) {
   blob = encode_address(self);
   // Same-host peers need no provider while the mapped path serves them:
   // libfabric's start costs ~0.3 s and tens of MB (tcp), so on demand it
-  // waits for a peer on another host.
-  if (!(options.fabric_on_demand && mapped_enabled)) {
+  // waits for a peer on another host (or, the mapped path off, for the
+  // first export or import: by then a layer that spans hosts has said
+  // where other hosts reach us).
+  if (!options.fabric_on_demand) {
     status opened = open_fabric();
     if (!opened && !mapped_enabled) return opened;
   }
   control_thread = std::thread([this] {
+    ::pthread_setname_np(::pthread_self(), "vmmc-control");  // in ps, top, gdb
     one_of_the_stacks_threads();
     control_loop();
   });
@@ -201,7 +207,33 @@ result<context> context::create(const context_options& options) {
   return context(std::move(p));
 }
 
+result<std::shared_ptr<context>> context::shared() {
+  struct process_slot {
+    std::mutex mutex;
+    std::weak_ptr<context> held;
+    pid_t owner = 0;
+  };
+  // Never destroyed: holders may let go in exit handlers after statics.
+  static process_slot& slot = *new process_slot;
+  std::lock_guard lock(slot.mutex);
+  const pid_t self = ::getpid();
+  if (slot.owner == self)
+    if (std::shared_ptr<context> ctx = slot.held.lock()) return ctx;
+  context_options options;
+  options.fabric_on_demand = true;
+  options.user_key = false;
+  auto made = create(options);
+  if (!made) return made.error();
+  auto ctx = std::make_shared<context>(std::move(*made));
+  slot.held = ctx;
+  slot.owner = self;
+  return ctx;
+}
+
 std::string context::address() const {
+  // Without the mapped path every peer comes over the fabric: the address
+  // handed out must name it (fabric_on_demand left it closed so far).
+  if (!impl_->mapped_enabled) (void)impl_->open_fabric();
   std::lock_guard lock(impl_->address_mutex);
   return encode_address_with_secret(impl_->self);
 }

@@ -41,6 +41,10 @@ result<export_handle> context::impl::export_buffer(std::string_view name, void* 
   e->allowed = options.allowed;
   e->policy = std::move(options.policy);
   e->on_notify = std::move(options.on_notify);
+  // Without the mapped path every importer comes over the fabric, which
+  // must be open to register with (fabric_on_demand left it closed so far).
+  if (!mapped_enabled)
+    if (status opened = open_fabric(); !opened) return opened.error();
   std::uint64_t offset = 0;
   if (options.mapped)
     if (auto seg = find_segment(base, length, offset))

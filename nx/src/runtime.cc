@@ -155,52 +155,48 @@ bool runtime::start() {
   nodes_ = boot_->size;
   if (node_ < 0 || node_ >= nodes_) return false;
 
-  // nxrun's nodes share this host: libfabric's shm provider is enough (and
-  // opens in ~25 ms where tcp takes ~450 ms), unless the user chose.
-  core::context_options options;
-  options.user_key = false;  // mailboxes export to anyone under unguessable names
-  if (boot_->mode == "nxrun" && !core::setting_given(core::settings::providers))
-    options.providers = {"shm"};
   // A job that spans hosts is reached where other hosts reach this one,
   // with no setting (issue 15, items 1 and 5); one on a single host stays
   // on loopback, out of the network's reach.
-  if (boot_->spans_hosts()) options.local_address = core::address_other_hosts_reach();
+  const std::string reached_at =
+      boot_->spans_hosts() ? core::address_other_hosts_reach() : std::string();
   // Peers on other hosts reach this node's TCP lanes at the same address.
   // A node that cannot listen (or is told not to) offers none, and such
   // pairs stay on the fabric.
   std::optional<tcp_listener> lanes;
   const std::string lane_key = tcp_key();
   if (boot_->spans_hosts() && core::kernel_tcp_to_other_hosts(core::setting_string(remote))) {
-    auto l = tcp_listener::open(options.local_address);
+    auto l = tcp_listener::open(reached_at);
     if (l)
       lanes.emplace(std::move(*l));
     else
       std::fprintf(stderr, "nx: no kernel TCP lanes on %s (%s): other hosts over the fabric\n",
-                   options.local_address.c_str(), l.error().message().c_str());
+                   reached_at.c_str(), l.error().message().c_str());
   }
   // At the debug level each node says where it takes kernel TCP and which
   // path each pair took.
   const bool say_paths = core::setting_integer(core::settings::log_level) >= 3;
-  if (lanes) {
-    if (say_paths)
-      std::fprintf(stderr, "nx: node %ld takes kernel TCP from other hosts at %s\n", node_,
-                   lanes->where().c_str());
-    // Other hosts then need no fabric provider: shm serves this host's
-    // pairs (the mapped path needs none), and the tcp provider's start is
-    // saved (a 2-node job across hosts: 0.48 -> 0.42 s, Open MPI's own
-    // 0.40 s). A peer on another host that offers no lane is refused below.
-    if (!core::setting_given(core::settings::providers)) options.providers = {"shm"};
-  }
-  auto ctx = core::context::create(options);
-  if (!ctx && !options.providers.empty()) {
-    options.providers.clear();
-    ctx = core::context::create(options);
-  }
+  if (lanes && say_paths)
+    std::fprintf(stderr, "nx: node %ld takes kernel TCP from other hosts at %s\n", node_,
+                 lanes->where().c_str());
+  // The process's context, shared with the sockets layer (an NX code that
+  // also talks TCP under the interposer runs one). Its providers open on
+  // demand: this host's pairs take the mapped path, which needs none, and
+  // other hosts' either take TCP lanes (the tcp provider's start saved: a
+  // 2-node job across hosts 0.48 -> 0.42 s, Open MPI's own 0.40 s; a peer
+  // that offers no lane is refused below) or the fabric, opened here, before
+  // the mailboxes and channels it must reach.
+  auto ctx = core::context::shared();
   if (!ctx) {
     std::fprintf(stderr, "nx: %s\n", ctx.error().message().c_str());
     return false;
   }
-  context_.emplace(std::move(*ctx));
+  context_ = std::move(*ctx);
+  if (boot_->spans_hosts() && !lanes)
+    if (status opened = context_->open_remote_paths(reached_at); !opened) {
+      std::fprintf(stderr, "nx: no fabric to other hosts: %s\n", opened.error().message().c_str());
+      return false;
+    }
   bell_ = std::make_unique<doorbell>(boot_->job, node_);
   peers_.resize(static_cast<std::size_t>(nodes_));
 
@@ -269,14 +265,14 @@ bool runtime::start() {
                    : p.remote                             ? "the fabric (another host)"
                                                           : "this host's path");
     records[static_cast<std::size_t>(j)] = std::move(*r);
-    if (p.remote && !tcp_peers[static_cast<std::size_t>(j)] &&
-        options.providers == std::vector<std::string>{"shm"}) {
+    // This node's mailboxes and channels were made for the lanes it
+    // offered, with no fabric open to reach them by.
+    if (p.remote && !tcp_peers[static_cast<std::size_t>(j)] && lanes) {
       std::fprintf(stderr,
                    "nx: node %ld is on another host (another kernel or network namespace), the "
-                   "pair takes the fabric (VMMC_NX_REMOTE is 'fabric' on one of them, or it "
-                   "could not listen), and this node opened only libfabric's shm (as under "
-                   "nxrun, or for kernel TCP to other hosts): set the same VMMC_NX_REMOTE on "
-                   "every node, or VMMC_CORE_PROVIDERS (e.g. shm,tcp)\n",
+                   "pair takes the fabric (VMMC_NX_REMOTE is 'fabric' there, or it could not "
+                   "listen), and this node, taking kernel TCP from other hosts, opened no "
+                   "fabric: set the same VMMC_NX_REMOTE on every node\n",
                    j);
       return false;
     }

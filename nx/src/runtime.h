@@ -263,7 +263,7 @@ class runtime {
   long with_handler_ = 0;       // outstanding requests with a handler
   bool stop_handlers_ = false;  // under calls_
   std::unique_ptr<bootstrap> boot_;
-  std::optional<core::context> context_;
+  std::shared_ptr<core::context> context_;  // the process's (core::context::shared)
   std::unique_ptr<doorbell> bell_;
   // Where a sleeper must look besides its doorbell (TCP lanes), as the
   // last arm_doorbell() found.

@@ -170,6 +170,16 @@ void abandon(std::unique_ptr<T>& owner) {
   if (kept) __lsan_ignore_object(kept);
 #endif
 }
+template <class T>
+void abandon(std::shared_ptr<T>& holder) {
+  if (!holder) return;
+  auto* kept = new std::shared_ptr<T>(std::move(holder));  // never let go
+#if defined(__SANITIZE_ADDRESS__)
+  __lsan_ignore_object(kept);
+#else
+  (void)kept;
+#endif
+}
 
 // Set while the calling thread is inside a call of this library's API,
 // whether it came through an interposer or straight from a program linked

@@ -168,12 +168,13 @@ bool enabled() {
 namespace {
 std::atomic<pthread_t> exiting_thread{};  // the thread that runs the exit handlers
 
-// The context belongs to the process that made it: a fork() child has a copy
-// without its threads, which it leaves alone (never destroys) and replaces
-// with its own on first need.
+// The process's context (core's, shared with the other layers) belongs to
+// the process that made it: a fork() child has a copy without its threads,
+// which it leaves alone (never lets go of) and replaces with its own on
+// first need.
 struct process_state {
   std::mutex mutex;
-  std::unique_ptr<core::context> ctx;
+  std::shared_ptr<core::context> ctx;
   pid_t owner = 0;
   bool tried = false;
 };
@@ -235,14 +236,11 @@ core::context* process_context() {
   if (st.owner == self) return st.ctx.get();
   abandon(st.ctx);  // the parent's: its threads are not here
   st.owner = self;
-  core::context_options options;
-  options.fabric_on_demand = true;  // opened by the first peer on another host
-  // Channels export to anyone under unguessable names: no same-user proofs,
-  // so no key file is read or made under the programs we are preloaded into.
-  options.user_key = false;
-  auto c = core::context::create(options);
+  // Providers open when the first peer on another host needs them; no key
+  // file is read or made under the programs we are preloaded into.
+  auto c = core::context::shared();
   if (c) {
-    st.ctx = std::make_unique<core::context>(std::move(*c));
+    st.ctx = std::move(*c);
     if (!st.tried) std::atexit(close_everything);
     st.tried = true;
     stat_context_ready();

@@ -6,8 +6,8 @@
 # agent that enters their namespace (what ssh is between real hosts). No
 # vmmc setting, no per-node wrapper: examples/nx_jacobi must agree with its
 # serial result and nx_pingpong must complete, the nodes listening where the
-# other host reaches them (asserted from core's log) and talking over kernel
-# TCP (no RDMA device: asserted from nx's log). Exit 77 (skip) where
+# other host reaches them and talking over kernel TCP (no RDMA device),
+# both asserted from nx's log. Exit 77 (skip) where
 # namespaces cannot be created or mpirun is missing.
 set -euo pipefail
 build=$(realpath "$1")
@@ -50,8 +50,10 @@ scale=${VMMC_TEST_TIME_SCALE:-1}
 problem=
 export VMMC_CORE_LOG_LEVEL=3  # where the nodes listen, which path each pair took
 nx_jobs
+# Each node takes kernel TCP from the other host at its own address there
+# (it opens no fabric: the pair takes the lanes).
 for ip in "$net.1" "$net.2"; do
-  grep -q "remote peers reach this context at $ip\$" "$work/jacobi" ||
+  grep -q "takes kernel TCP from other hosts at $ip:[0-9]*\$" "$work/jacobi" ||
     problem+=" no node listened on $ip;"
 done
 nx_jobs_verdict mpirun

@@ -8,6 +8,7 @@
 #include <sys/un.h>
 
 #include <atomic>
+#include <cstring>
 #include <set>
 
 #include "integration/core/child_process.h"
@@ -248,6 +249,49 @@ TEST_P(Process, NoSharedMemoryFilesOutliveTheirProcess) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Core, Process, testing::ValuesIn(transports), transport_name);
+
+// context::shared(): one context a process while anyone holds it; a fork()
+// child gets a working one of its own (the parent's copy has no threads
+// there); once every holder lets go it ends, and the next call makes another.
+TEST(SharedContext, OneAProcessWhileHeldOwnInAForkChildAnotherAfter) {
+  auto a = core::context::shared();
+  auto b = core::context::shared();
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(a->get(), b->get());
+  const std::string first = (*a)->address();
+
+  child_process child([&](int out) {
+    auto mine = core::context::shared();
+    if (!mine || mine->get() == a->get()) return 2;
+    auto memory = (*mine)->allocate(4096);
+    if (!memory) return 3;
+    std::memcpy(memory->data(), "child", 6);
+    core::export_options o;
+    o.allowed = core::rights::read;
+    o.policy = core::import_policy::anyone();
+    if (!(*mine)->export_buffer("page", memory->data(), memory->size(), o)) return 4;
+    child_process::send_line(out, (*mine)->address());
+    for (;;) ::pause();  // killed by the parent when done
+  });
+  const std::string theirs = child.read_line();
+  EXPECT_NE(theirs, first);
+  auto h = (*a)->import_buffer(theirs, "page");
+  ASSERT_TRUE(h) << h.error().message();
+  char got[6] = {};
+  auto fetched = (*a)->fetch(*h, 0, got, sizeof got);
+  ASSERT_TRUE(fetched.ok()) << fetched.error().message();
+  EXPECT_STREQ(got, "child");
+  ASSERT_TRUE((*a)->unimport_buffer(*h).ok());
+
+  std::weak_ptr<core::context> held = *a;
+  a->reset();
+  EXPECT_FALSE(held.expired());  // b still holds it
+  b->reset();
+  EXPECT_TRUE(held.expired());
+  auto next = core::context::shared();
+  ASSERT_TRUE(next);
+  EXPECT_NE((*next)->address(), first);
+}
 
 }  // namespace
 }  // namespace vmmc::test

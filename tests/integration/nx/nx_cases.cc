@@ -2,9 +2,13 @@
 // mpirun (test_nx.cc drives it). `nx_cases <suite>` runs one suite on every
 // node; a failed check prints where and exits with status 3, which ends the
 // job with an error.
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <netinet/in.h>
 #include <nx.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -944,6 +948,106 @@ void killed_mid_stream() {
   }
 }
 
+// ---------------------------------------------------------------- with sockets
+
+// An NX code that also talks TCP, run under the socket interposer
+// (libvmmc_preload.so): node 1 streams to node 0 over a loopback connection,
+// which is accelerated, and the process runs one context for both layers
+// (one control thread), not one per layer.
+std::string describe_socket(int fd) {
+  using fn = int (*)(int, char*, size_t);
+  static auto f = reinterpret_cast<fn>(::dlsym(RTLD_DEFAULT, "vmmc_preload_describe"));
+  char line[256] = "";
+  if (!f || f(fd, line, sizeof line) < 0) return "";
+  return line;
+}
+
+// The process's contexts: each listens for same-host peers on one abstract
+// Unix socket, "@vmmc.<pid>.<nonce>".
+int contexts_of_this_process() {
+  FILE* f = std::fopen("/proc/net/unix", "r");
+  CHECK(f != nullptr);
+  const std::string mine = "@vmmc." + std::to_string(::getpid()) + ".";
+  int count = 0;
+  char line[512];
+  while (std::fgets(line, sizeof line, f)) {
+    // "Num RefCount Protocol Flags Type St Inode Path": listening is flag
+    // 00010000 (connections accepted there bear the same name).
+    char flags[16] = "";
+    const char* path = std::strchr(line, '@');
+    if (path && std::strncmp(path, mine.c_str(), mine.size()) == 0 &&
+        std::sscanf(line, "%*s %*s %*s %15s", flags) == 1)
+      count += std::strcmp(flags, "00010000") == 0;
+  }
+  std::fclose(f);
+  return count;
+}
+
+void full_io(int fd, char* p, std::size_t n, bool writing) {
+  for (std::size_t done = 0; done < n;) {
+    ssize_t k = writing ? ::write(fd, p + done, n - done) : ::read(fd, p + done, n - done);
+    CHECK(k > 0 || (k < 0 && errno == EINTR));
+    if (k > 0) done += static_cast<std::size_t>(k);
+  }
+}
+
+void with_sockets() {
+  CHECK(nodes == 2);
+  CHECK(::dlsym(RTLD_DEFAULT, "vmmc_preload_describe") != nullptr);  // under the interposer
+  constexpr std::size_t chunk = 64 << 10, total = 8 << 20;
+  std::vector<char> buf(chunk);
+  int fd = -1;
+  if (me == 0) {
+    int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t length = sizeof a;
+    CHECK(listener >= 0 && ::bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    CHECK(::listen(listener, 1) == 0);
+    CHECK(::getsockname(listener, reinterpret_cast<sockaddr*>(&a), &length) == 0);
+    long port = ntohs(a.sin_port);
+    csend(40, ptr(&port), sizeof port, 1, 0);
+    fd = ::accept(listener, nullptr, nullptr);
+    CHECK(fd >= 0);
+    ::close(listener);
+    for (std::size_t at = 0; at < total; at += chunk) {
+      full_io(fd, buf.data(), chunk, false);
+      CHECK(is_payload(buf.data(), static_cast<long>(at / chunk), chunk));
+      full_io(fd, buf.data(), 1, true);  // the turn: node 1 sends the next chunk
+    }
+  } else {
+    long port = 0;
+    crecv(40, ptr(&port), sizeof port);
+    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<std::uint16_t>(port));
+    CHECK(fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    for (std::size_t at = 0; at < total; at += chunk) {
+      auto bytes = payload(static_cast<long>(at / chunk), chunk);
+      full_io(fd, bytes.data(), chunk, true);
+      full_io(fd, buf.data(), 1, false);
+    }
+  }
+  const std::string how = describe_socket(fd);
+  if (how.find("accelerated=1") == std::string::npos) {
+    std::fprintf(stderr, "node %ld: the connection is not accelerated: '%s'\n", me, how.c_str());
+    std::exit(3);
+  }
+  const int contexts = contexts_of_this_process();
+  if (contexts != 1) {
+    std::fprintf(stderr,
+                 "node %ld: %d contexts in this process (NX's and the sockets layer's?), "
+                 "want one\n",
+                 me, contexts);
+    std::exit(3);
+  }
+  gsync();
+  ::close(fd);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1002,6 +1106,8 @@ int main(int argc, char** argv) {
   } else if (suite == "ended") {
     CHECK(nodes >= 2);
     ended();
+  } else if (suite == "with_sockets") {
+    with_sockets();
   } else if (suite == "ended_plain") {
     ended_plain();
   } else {

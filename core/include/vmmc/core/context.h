@@ -182,10 +182,10 @@ struct context_options {
   // Use the mapped (user-level copy) path for same-host peers; unset means the
   // setting VMMC_CORE_MAPPED (default on).
   int mapped_path = -1;
-  // With the mapped path on, open the providers only when a peer on another
-  // host needs them (open_remote_paths(), or an import that cannot be mapped)
-  // instead of at creation: libfabric's start costs ~0.3 s and, with tcp,
-  // tens of MB that a process meeting only same-host peers never uses.
+  // Open the providers only when first needed (open_remote_paths(), an
+  // import that cannot be mapped, or with the mapped path off the first
+  // export or address()) instead of at creation: libfabric's start costs ~0.3 s and, with
+  // tcp, tens of MB that a process meeting only same-host peers never uses.
   bool fabric_on_demand = false;
   // Prove and check "same user" to and from peers on other hosts with the
   // user key (VMMC_CORE_USER_KEY, default ~/.vmmc/user-key, made on first
@@ -237,6 +237,18 @@ class context {
   // Opens the configured providers and starts the control listener.
   // Errors: unreachable (no provider could be opened), system_error.
   static result<context> create(const context_options& options = {});
+
+  // The process's one context, which the layers above share (sockets, vRPC
+  // and NX in one process run one control thread and open each provider
+  // once). Made by the first call: providers opened on demand (fabric_on_demand:
+  // open_remote_paths, or a peer the mapped path cannot serve), no user key
+  // (the layers export to anyone under unguessable names, or to listed
+  // peers). It ends when its last holder lets go, or with the process; a
+  // later call makes another. A fork() child gets its own on its first call:
+  // the parent's, whose threads did not come along, is for the child's
+  // holders to leave alone, never to destroy.
+  // Errors: as create.
+  static result<std::shared_ptr<context>> shared();
 
   context(context&&) noexcept;
   context& operator=(context&&) noexcept;
