@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "support/fault.h"
+#include "support/interposer.h"
 #include "time_scale.h"
 
 namespace {
@@ -954,14 +955,6 @@ void killed_mid_stream() {
 // (libvmmc_preload.so): node 1 streams to node 0 over a loopback connection,
 // which is accelerated, and the process runs one context for both layers
 // (one control thread), not one per layer.
-std::string describe_socket(int fd) {
-  using fn = int (*)(int, char*, size_t);
-  static auto f = reinterpret_cast<fn>(::dlsym(RTLD_DEFAULT, "vmmc_preload_describe"));
-  char line[256] = "";
-  if (!f || f(fd, line, sizeof line) < 0) return "";
-  return line;
-}
-
 // The process's contexts: each listens for same-host peers on one abstract
 // Unix socket, "@vmmc.<pid>.<nonce>".
 int contexts_of_this_process() {
@@ -1031,7 +1024,7 @@ void with_sockets() {
       full_io(fd, buf.data(), 1, false);
     }
   }
-  const std::string how = describe_socket(fd);
+  const std::string how = vmmc::test::describe_preloaded(fd);
   if (how.find("accelerated=1") == std::string::npos) {
     std::fprintf(stderr, "node %ld: the connection is not accelerated: '%s'\n", me, how.c_str());
     std::exit(3);

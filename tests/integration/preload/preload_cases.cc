@@ -48,6 +48,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/interposer.h"
 #include "time_scale.h"
 
 namespace {
@@ -73,16 +74,9 @@ bool matches(const char* p, std::size_t n, std::uint64_t at) {
   return true;
 }
 
-// "accelerated=1 ..." from the interposer, or "" without it.
-std::string describe(int fd) {
-  using fn = int (*)(int, char*, size_t);
-  static auto f = reinterpret_cast<fn>(::dlsym(RTLD_DEFAULT, "vmmc_preload_describe"));
-  char line[256] = "";
-  if (!f || f(fd, line, sizeof line) < 0) return "";
-  return line;
-}
+using vmmc::test::describe_preloaded;
 bool accelerated(int fd) {
-  return describe(fd).find("accelerated=1") != std::string::npos;
+  return describe_preloaded(fd).find("accelerated=1") != std::string::npos;
 }
 // Accelerated connections switch once both ends saw each other's first
 // bytes; a round trip makes sure (the caller echoes).
@@ -90,7 +84,7 @@ void expect_path(int fd, bool want, const char* who) {
   bool is = accelerated(fd);
   if (is != want) {
     std::fprintf(stderr, "[%d] %s: fd %d accelerated=%d, expected %d (%s)\n", ::getpid(), who, fd,
-                 is, want, describe(fd).c_str());
+                 is, want, describe_preloaded(fd).c_str());
     std::exit(1);
   }
 }
@@ -703,7 +697,7 @@ int fork_under_write_server() {
   auto took = std::chrono::steady_clock::now() - before;
   // What the fork took off the channel for the child (vmmc_in), kept in
   // this process's memory: the ring's worth, not the whole write.
-  std::string d = describe(c);
+  std::string d = describe_preloaded(c);
   auto at = d.find("vmmc_in=");
   check(at != std::string::npos, "the connection's description");
   unsigned long long kept = std::strtoull(d.c_str() + at + 8, nullptr, 10);
@@ -1290,7 +1284,7 @@ int close_range_case() {
   check(f == low, "the descriptor number is reused");
   char text[5] = "";
   check(::read(f, text, 4) == 4 && std::strncmp(text, "Name", 4) == 0, "a file reads as a file");
-  check(describe(f).empty(), "not a stream any more");
+  check(describe_preloaded(f).empty(), "not a stream any more");
   return 0;
 }
 
@@ -1326,7 +1320,7 @@ int lazy_case() {
   check(::sendto(u, "u", 1, 0, reinterpret_cast<sockaddr*>(&a), len) == 1, "udp sendto");
   char c;
   check(::recv(u, &c, 1, 0) == 1 && c == 'u', "udp recv");
-  check(describe(u).empty(), "UDP is not managed");
+  check(describe_preloaded(u).empty(), "UDP is not managed");
   int p[2];
   check(::pipe(p) == 0 && ::write(p[1], "p", 1) == 1 && ::read(p[0], &c, 1) == 1, "pipe");
   if (threads() != 1) {
