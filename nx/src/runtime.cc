@@ -214,7 +214,7 @@ bool runtime::start() {
       mailboxes += " -";
       continue;
     }
-    auto mail = std::make_unique<mailbox>(*context_);
+    auto mail = std::make_unique<redirect::mailbox>(*context_);
     if (status s = mail->create(); !s) {
       std::fprintf(stderr, "nx: mailbox: %s\n", s.error().message().c_str());
       return false;
@@ -543,7 +543,7 @@ int runtime::send_to(long j, wire::header& header, const std::byte* data, std::s
   if (p.ended) return 0;  // it reads nothing more: dropped
   header.sequence = p.next_sequence++;
   if (length <= wire::mailbox_payload_max && !p.closed && p.mail) {
-    result<bool> placed = p.mail->try_send(header, data);
+    result<bool> placed = p.mail->try_send(&header, sizeof header, data, length);
     if (placed && *placed) {
       if (p.mail->peer_wants_wakeup()) bell_->ring(j);
       return 0;
@@ -870,27 +870,36 @@ void runtime::deliver_whole(long from, const wire::header& h, const std::byte* p
 }
 
 // Inline: it is on the polling path of every receive.
-inline const wire::mailbox_slot* runtime::next_mail(long from) {
+inline bool runtime::next_mail(long from, wire::header& h, const std::byte*& payload) {
   peer& p = peers_[static_cast<std::size_t>(from)];
-  if (!p.mail) return nullptr;
-  const wire::mailbox_slot* slot = p.mail->next();
-  if (!slot || slot->h.sequence != p.expected) return nullptr;
-  const wire::header& h = slot->h;
-  if (!wire::valid_in_mailbox(h)) {
-    p.unreadable = true;
-    fail_job(from, EQDRVERR);
-    return nullptr;
+  if (!p.mail) return false;
+  const redirect::mailbox::message m = p.mail->next();
+  if (!m) {
+    if (p.mail->broken()) unreadable_mail(from);
+    return false;
   }
-  return slot;
+  if (m.length < sizeof h) return unreadable_mail(from);
+  std::memcpy(&h, m.data, sizeof h);
+  if (h.sequence != p.expected) return false;
+  if (!wire::valid_in_mailbox(h) || m.length != sizeof h + static_cast<std::size_t>(h.length))
+    return unreadable_mail(from);
+  payload = m.data + sizeof h;
+  return true;
+}
+
+bool runtime::unreadable_mail(long from) {
+  peers_[static_cast<std::size_t>(from)].unreadable = true;
+  fail_job(from, EQDRVERR);
+  return false;
 }
 
 // The next message when it waits in the mailbox.
 bool runtime::take_mail(long from) {
-  const wire::mailbox_slot* slot = next_mail(from);
-  if (!slot) return false;
-  const wire::header h = slot->h;
-  deliver_whole(from, h, slot->payload);
-  peers_[static_cast<std::size_t>(from)].mail->consume(static_cast<std::size_t>(h.length));
+  wire::header h;
+  const std::byte* payload;
+  if (!next_mail(from, h, payload)) return false;
+  deliver_whole(from, h, payload);
+  peers_[static_cast<std::size_t>(from)].mail->consume();
   return true;
 }
 
@@ -1025,19 +1034,19 @@ bool runtime::receive_from_mailbox(const selector& sel, std::byte* buffer, std::
       if (j == node_) continue;
       peer& p = peers_[static_cast<std::size_t>(j)];
       if (p.in_body || p.header_got || !p.queue.empty()) return false;
-      const wire::mailbox_slot* slot = next_mail(j);
-      if (!slot) {
+      wire::header h;
+      const std::byte* payload;
+      if (!next_mail(j, h, payload)) {
         // A stream message (next in sequence, or another one) or a failure.
         if (failure_ || p.link.readable()) return false;
         continue;
       }
-      const wire::header h = slot->h;
       const auto length = static_cast<std::size_t>(h.length);
       const info m = message_info(h, j);
       if (!sel.matches(static_cast<space>(h.space), m)) return false;
       ++p.expected;
-      if (length && capacity) std::memcpy(buffer, slot->payload, std::min(length, capacity));
-      p.mail->consume(length);
+      if (length && capacity) std::memcpy(buffer, payload, std::min(length, capacity));
+      p.mail->consume();
       got = m;
       error = length > capacity ? EQMSGLONG : 0;
       return true;

@@ -38,10 +38,10 @@
 
 #include "bootstrap.h"
 #include "lane.h"
-#include "mailbox.h"
 #include "nx.h"
 #include "vmmc/core/context.h"
 #include "vmmc/redirect/channel.h"
+#include "vmmc/redirect/mailbox.h"
 #include "wire.h"
 
 namespace vmmc::nx::detail {
@@ -169,15 +169,15 @@ class runtime {
     bool complete = false;
   };
   struct peer {
-    lane link;                        // the stream, both ways
-    std::unique_ptr<mailbox> mail;    // small messages, both ways (null on TCP)
-    std::uint32_t next_sequence = 0;  // of our next message to this peer
-    std::uint32_t expected = 0;       // sequence of its next message to us
-    bool remote = false;              // other host (core::host_identity): doorbells do not reach it
-    bool shares_cpus = false;         // same kernel, whatever its network namespace
-    bool closed = false;              // ended its stream (orderly exit), or killed by us
-    bool ready = false;               // its start-up is complete (wire::ready came)
-    bool ended = false;               // its last message came (wire::end): nothing more will
+    lane link;                                // the stream, both ways
+    std::unique_ptr<redirect::mailbox> mail;  // small messages, both ways (null on TCP)
+    std::uint32_t next_sequence = 0;          // of our next message to this peer
+    std::uint32_t expected = 0;               // sequence of its next message to us
+    bool remote = false;       // other host (core::host_identity): doorbells do not reach it
+    bool shares_cpus = false;  // same kernel, whatever its network namespace
+    bool closed = false;       // ended its stream (orderly exit), or killed by us
+    bool ready = false;        // its start-up is complete (wire::ready came)
+    bool ended = false;        // its last message came (wire::end): nothing more will
     pid_t pid = 0;
     std::deque<outgoing> queue;
     // the message being read
@@ -215,9 +215,11 @@ class runtime {
                             int& error);
   bool take_whole(long from, std::size_t ready);
   bool take_mail(long from);
-  // The next message from `from` when it waits in the mailbox, in sequence
-  // (else null: a stream message comes first); a malformed one fails the job.
-  const wire::mailbox_slot* next_mail(long from);
+  // The next message from `from` when it waits in the mailbox, in sequence:
+  // its header and payload (else false: a stream message comes first); a
+  // malformed one fails the job.
+  bool next_mail(long from, wire::header& h, const std::byte*& payload);
+  bool unreadable_mail(long from);  // fails the job; false
   void deliver_whole(long from, const wire::header& h, const std::byte* payload);
   int send_to(long j, wire::header& header, const std::byte* data, std::size_t length, request* r,
               long& queued);

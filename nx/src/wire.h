@@ -1,7 +1,7 @@
 // nx/src/wire.h: the nx message framing, version 3.
 //
 // Each pair of nodes shares one redirect::channel (a byte stream each way)
-// and one mailbox each way (below). A message is a 32-byte header followed
+// and one redirect::mailbox each way (below). A message is a 32-byte header followed
 // by `length` payload bytes. Every message toward a peer takes the next
 // sequence number of that pair, whichever path carries it; the reader takes
 // them in that order, which gives NX's pairwise FIFO ordering. All fields
@@ -23,6 +23,8 @@
 
 #include <cstddef>
 #include <cstdint>
+
+#include "vmmc/redirect/mailbox.h"
 
 namespace vmmc::nx::detail::wire {
 
@@ -61,42 +63,13 @@ inline bool valid(const header& h) {
 }
 
 // ---------------------------------------------------------------- mailbox
-// A node's area for one peer (see mailbox.h). The peer writes a message into
-// slot n % mailbox_slots, then (ordered after it) the slot's stamp n + 1; the
-// owner polls the stamp of the slot it expects next.
-inline constexpr std::uint64_t mailbox_magic = 0x3378'6f62'6c69'614dull;  // "Mailbox3"
-// Few slots, reused often: a ping-pong through 4 or 8 slots measured
-// 0.335-0.34 us one-way against 0.345 through 16 or 64 (a C model of the
-// slot protocol alone: 0.32 against 0.34; a line that crossed between the
-// two cores recently crosses back faster), and 8 hold a short burst.
-inline constexpr std::size_t mailbox_slots = 8;
-// A slot holds up to 1 KiB of payload: the reader copies a slot's lines in
-// parallel, where a stream message costs it two misses one after the other.
-inline constexpr std::size_t mailbox_slot_bytes = 1088;
-inline constexpr std::size_t mailbox_payload_max =
-    mailbox_slot_bytes - sizeof(std::uint64_t) - sizeof(header);
-
-struct alignas(64) mailbox_slot {
-  std::uint64_t stamp;  // n + 1 once message n is complete here
-  header h;
-  std::byte payload[mailbox_payload_max];
-};
-static_assert(sizeof(mailbox_slot) == mailbox_slot_bytes);
+// A small message goes whole, header and payload, through the pair's
+// redirect::mailbox when a slot is free.
+inline constexpr std::size_t mailbox_payload_max = redirect::mailbox::max_message - sizeof(header);
 
 // A message a slot can hold.
 inline bool valid_in_mailbox(const header& h) {
   return valid(h) && static_cast<std::uint64_t>(h.length) <= mailbox_payload_max;
 }
-
-struct alignas(64) mailbox_area {
-  std::uint64_t magic;
-  // Written by the owner O: messages O placed in the peer's slots, counted
-  // before each is written (the peer fetches it before it sleeps).
-  alignas(64) std::uint64_t own_sent;
-  // Written by the peer P.
-  alignas(64) std::uint64_t credit;  // O's messages P consumed
-  std::uint64_t armed;               // epoch: P sleeps until O writes again
-  alignas(64) mailbox_slot slots[mailbox_slots];
-};
 
 }  // namespace vmmc::nx::detail::wire

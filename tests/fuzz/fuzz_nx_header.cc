@@ -31,9 +31,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (wire::valid_in_mailbox(h)) {
     check(valid && static_cast<std::uint64_t>(h.length) <= wire::mailbox_payload_max);
     // take_mail copies the payload out of the slot.
-    auto slot = std::make_unique<wire::mailbox_slot>();
+    auto slot = std::make_unique<vmmc::redirect::detail::mailbox_slot>();
+    check(sizeof h + static_cast<std::size_t>(h.length) <= vmmc::redirect::mailbox::max_message);
     std::vector<std::byte> out(static_cast<std::size_t>(h.length));
-    if (!out.empty()) std::memcpy(out.data(), slot->payload, out.size());
+    if (!out.empty()) std::memcpy(out.data(), slot->message + sizeof h, out.size());
   }
   return 0;
 }

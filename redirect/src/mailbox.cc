@@ -1,5 +1,6 @@
-// nx/src/mailbox.cc: slots, stamps, credits and arming (see mailbox.h).
-#include "mailbox.h"
+// redirect/src/mailbox.cc: slots, stamps, credits and arming (see
+// vmmc/redirect/mailbox.h).
+#include "vmmc/redirect/mailbox.h"
 
 #include <unistd.h>
 
@@ -8,12 +9,12 @@
 #include <cstring>
 #include <random>
 
-namespace vmmc::nx::detail {
+namespace vmmc::redirect {
 namespace {
 
-using wire::mailbox_area;
-using wire::mailbox_slot;
-using wire::mailbox_slots;
+using detail::mailbox_area;
+using detail::mailbox_slot;
+using detail::mailbox_slots;
 
 std::uint64_t load(const std::uint64_t& word) {
   return std::atomic_ref<std::uint64_t>(const_cast<std::uint64_t&>(word))
@@ -24,12 +25,12 @@ void store(std::uint64_t& word, std::uint64_t value) {
 }
 
 // The name is the capability (the export admits anyone who knows it), so it
-// must not be guessable; it only travels in the job's own start-up exchange.
+// must not be guessable; it travels only in its user's own exchange.
 std::string fresh_name() {
-  static std::uint64_t counter = 0;
+  static std::atomic<std::uint64_t> counter{0};
   std::random_device rd;
   char buf[64];
-  std::snprintf(buf, sizeof buf, "nxmb%x.%08x%08x.%llu", static_cast<unsigned>(::getpid()), rd(),
+  std::snprintf(buf, sizeof buf, "mbox%x.%08x%08x.%llu", static_cast<unsigned>(::getpid()), rd(),
                 rd(), static_cast<unsigned long long>(++counter));
   return buf;
 }
@@ -47,7 +48,7 @@ status mailbox::create() {
   if (!memory) return memory.error();
   memory_ = std::move(*memory);
   area_ = new (memory_.data()) mailbox_area{};
-  area_->magic = wire::mailbox_magic;
+  area_->magic = detail::mailbox_magic;
   name_ = fresh_name();
   core::export_options options;
   options.allowed = core::rights::read_write;
@@ -69,7 +70,7 @@ status mailbox::attach(std::string_view address, std::string_view name) {
     return s;
   auto described = ctx_.describe(peer_);
   if (!described) return described.error();
-  if (magic != wire::mailbox_magic || described->length < sizeof(mailbox_area))
+  if (magic != detail::mailbox_magic || described->length < sizeof(mailbox_area))
     return errc::protocol_error;
   auto bound = ctx_.bind(peer_);
   if (!bound) return bound.error();
@@ -78,15 +79,16 @@ status mailbox::attach(std::string_view address, std::string_view name) {
 }
 
 void mailbox::put(std::size_t offset, std::uint64_t value) {
-  // A failure means the peer is gone; the channels report that.
+  // A failure means the peer is gone; its user learns that on its other paths.
   (void)to_peer_.send(offset, &value, sizeof value);
 }
 
 // ------------------------------------------------------------------ writing
 
-result<bool> mailbox::try_send(const wire::header& h, const void* payload) {
-  const auto length = static_cast<std::size_t>(h.length);
-  if (!attached_ || length > wire::mailbox_payload_max) return false;
+result<bool> mailbox::try_send(const void* head, std::size_t head_length, const void* body,
+                               std::size_t body_length) {
+  const std::size_t length = head_length + body_length;
+  if (!attached_ || length > max_message || length < head_length) return false;
   if (sent_ - credit_ >= mailbox_slots) {
     credit_ = load(area_->credit);
     if (sent_ - credit_ >= mailbox_slots) return false;
@@ -95,13 +97,15 @@ result<bool> mailbox::try_send(const wire::header& h, const void* payload) {
       offsetof(mailbox_area, slots) + (sent_ % mailbox_slots) * sizeof(mailbox_slot);
   // Counted before it is written: a peer arming to sleep must learn of it.
   store(area_->own_sent, sent_ + 1);
-  // Header, payload, then the stamp that validates them, in one gathered
-  // send: on the mapped path the stamp follows the message at once.
-  const std::uint64_t stamp = sent_ + 1;
+  // Head, body, then the stamp that validates them, in one gathered send:
+  // on the mapped path the stamp follows the message at once.
+  const std::uint64_t stamp = ((sent_ + 1) & detail::stamp_count_mask) | std::uint64_t{length}
+                                                                             << 48;
   core::send_piece pieces[3];
   std::size_t n = 0;
-  pieces[n++] = {slot + offsetof(mailbox_slot, h), &h, sizeof h};
-  if (length) pieces[n++] = {slot + offsetof(mailbox_slot, payload), payload, length};
+  const std::size_t at = slot + offsetof(mailbox_slot, message);
+  if (head_length) pieces[n++] = {at, head, head_length};
+  if (body_length) pieces[n++] = {at + head_length, body, body_length};
   pieces[n++] = {slot + offsetof(mailbox_slot, stamp), &stamp, sizeof stamp};
   if (status s = to_peer_.send(std::span(pieces, n)); !s) return s.error();
   ++sent_;
@@ -123,31 +127,6 @@ bool mailbox::peer_wants_wakeup() {
 
 // ------------------------------------------------------------------ reading
 
-const mailbox_slot* mailbox::next() {
-  const mailbox_slot& s = area_->slots[taken_ % mailbox_slots];
-  if (load(s.stamp) == taken_ + 1) return &s;
-  // Not there yet. While polling, pull in the slot's further lines, as many
-  // as the last message had (the next is likely the same size): read after
-  // the stamp, each would cost one more transfer between the cores in turn
-  // (64 B one-way 0.48-0.50 against 0.36-0.37 us).
-  // Prefetching never faults, and a line the writer then takes is simply
-  // fetched again.
-  const auto* line = reinterpret_cast<const char*>(&s);
-  for (std::size_t l = 1; l <= prefetch_lines_; ++l) __builtin_prefetch(line + 64 * l);
-  return nullptr;
-}
-
-void mailbox::consume(std::size_t length) {
-  // Past 8 lines, prefetching races the writer still copying the rest (a
-  // 1 KiB message measured slower with it).
-  const std::size_t lines = (offsetof(mailbox_slot, payload) + length + 63) / 64 - 1;
-  prefetch_lines_ = lines <= 8 ? lines : 0;
-  ++taken_;
-  // A reader kept busy returns credits every half of the slots; the writer
-  // falls back to the stream meanwhile, so it never waits for them.
-  if (taken_ - credited_ >= mailbox_slots / 2) give_credit();
-}
-
 void mailbox::give_credit() {
   if (!attached_) return;
   put(offsetof(mailbox_area, credit), taken_);
@@ -167,4 +146,4 @@ bool mailbox::prepare_sleep() {
   return sent <= taken_;
 }
 
-}  // namespace vmmc::nx::detail
+}  // namespace vmmc::redirect
