@@ -951,10 +951,6 @@ void killed_mid_stream() {
 
 // ---------------------------------------------------------------- with sockets
 
-// An NX code that also talks TCP, run under the socket interposer
-// (libvmmc_preload.so): node 1 streams to node 0 over a loopback connection,
-// which is accelerated, and the process runs one context for both layers
-// (one control thread), not one per layer.
 // The process's contexts: each listens for same-host peers on one abstract
 // Unix socket, "@vmmc.<pid>.<nonce>".
 int contexts_of_this_process() {
@@ -984,6 +980,10 @@ void full_io(int fd, char* p, std::size_t n, bool writing) {
   }
 }
 
+// An NX code that also talks TCP, run under the socket interposer
+// (libvmmc_preload.so): node 1 streams to node 0 over a loopback connection,
+// which is accelerated, and the process runs one context for both layers
+// (one control thread, one listener), not one per layer.
 void with_sockets() {
   CHECK(nodes == 2);
   CHECK(::dlsym(RTLD_DEFAULT, "vmmc_preload_describe") != nullptr);  // under the interposer
