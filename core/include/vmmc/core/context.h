@@ -32,6 +32,14 @@
 // Notification handlers run in the thread that calls poll_notifications() or
 // wait_notifications(), never concurrently with each other.
 #pragma once
+
+// Internals, declared outside the API's visibility region below: hidden in
+// the library's build, so no instance of a std template over them is exported.
+namespace vmmc::core::detail {
+struct import_entry;
+struct sender_tally;
+}  // namespace vmmc::core::detail
+
 #pragma GCC visibility push(default)  // the library's API (see cmake/layer.cmake)
 
 #include <chrono>
@@ -205,10 +213,6 @@ struct counters {
 };
 
 class context;
-namespace detail {
-struct import_entry;
-struct sender_tally;
-}  // namespace detail
 
 // A send path bound to one import, for code that sends to it in a loop: the
 // handle is looked up once, and on the mapped path a send takes no lock and
@@ -386,7 +390,7 @@ class context {
 
  private:
   friend class sender;
-  explicit context(std::unique_ptr<impl> p);
+  [[gnu::visibility("hidden")]] explicit context(std::unique_ptr<impl> p);
   std::unique_ptr<impl> impl_;
 };
 

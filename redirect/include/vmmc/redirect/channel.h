@@ -231,7 +231,7 @@ class channel {
   class [[gnu::visibility("hidden")]] impl;  // internal, not exported
 
  private:
-  explicit channel(std::unique_ptr<impl> p);
+  [[gnu::visibility("hidden")]] explicit channel(std::unique_ptr<impl> p);
   std::unique_ptr<impl> impl_;
 };
 
