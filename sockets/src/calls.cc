@@ -501,7 +501,8 @@ int ioctl(int fd, unsigned long request, void* argument) {
   }
   if (s && request == FIONREAD && argument) {
     if (s->state.load() == phase::undecided) try_decide(*s, false);
-    if (s->state.load() == phase::plain || (raw_prefix_done(*s) && input_on_tcp(*s))) {
+    const phase p = s->state.load();
+    if (p == phase::plain || p == phase::deferred || (raw_prefix_done(*s) && input_on_tcp(*s))) {
       // Back on TCP: what we took off the connection, then the kernel's.
       int* count = static_cast<int*>(argument);
       if (::ioctl(fd, FIONREAD, count) != 0) return -1;
@@ -594,6 +595,7 @@ ssize_t recvmsg(int fd, msghdr* message, int flags) {
 ssize_t sendmsg(int fd, const msghdr* message, int flags) {
   detail::api_call entered;
   stream_ptr s = managed(fd);
+  if (s && message->msg_controllen) stay_on_tcp(*s);  // ancillary data only the kernel carries
   if (!s || message->msg_controllen || kernel_writes(*s)) return ::sendmsg(fd, message, flags);
   return transmit_vector(*s, message->msg_iov, static_cast<int>(message->msg_iovlen), flags);
 }
@@ -689,7 +691,7 @@ std::optional<socket_info> describe(int fd) {
   info.path = info.accelerated && s->chan && s->chan->connected() ? s->chan->path() : "tcp";
   info.tcp_bytes_in = s->tcp_in.load();
   info.tcp_bytes_out = s->tcp_out.load();
-  if (s->chan && !s->inherited.load()) {
+  if (s->state.load() == phase::upgraded && s->chan && !s->inherited.load()) {
     auto c = s->chan->stats();
     info.bytes_in = c.bytes_received;
     info.bytes_out = c.bytes_sent;

@@ -191,7 +191,6 @@ void accept_offer(stream& s) {
   log(3, "fd %d: client offered VMMC; hello sent", s.fd.load());
 }
 
-// Client: the server accepted; read its hello frame and set up our channel.
 // The hello frame that follows the server's accept byte.
 bool read_hello_frame(int fd, std::string& descriptor) {
   wire::hello_frame frame{};
@@ -200,13 +199,11 @@ bool read_hello_frame(int fd, std::string& descriptor) {
   return receive_exactly(fd, descriptor.data(), descriptor.size());
 }
 
-void take_accept(stream& s) {
-  std::string descriptor;
-  if (!read_hello_frame(s.fd, descriptor)) {
-    // The peer sent an accept byte but no valid hello: it is not us after all,
-    // and the bytes it sent cannot be given back. Fail the connection.
-    return fail_connection(s, "malformed hello after the accept byte");
-  }
+// Client, with setup_mutex held: our channel, connected to the server's at
+// our next write (or a reader's turn). Without one we never place our
+// hello, and both directions stay on TCP (the server switches only after
+// reading it): plain, with no look at the connection any more.
+void make_channel(stream& s) {
   core::context* ctx = context_for(s);
   std::optional<redirect::channel> chan;
   if (ctx) {
@@ -214,21 +211,89 @@ void take_accept(stream& s) {
     if (c) chan.emplace(std::move(*c));
   }
   if (!chan) {
-    // We will never place our hello: both directions stay raw TCP, which the
-    // server handles (it only switches after reading our hello).
-    s.fallback_reason.store(fallback::setup_failed);
-    s.state.store(phase::upgraded);
-    stat_publish(s);
     log(1, "fd %d: no channel; staying on TCP", s.fd.load());
-    return;
+    return become_plain(s, fallback::setup_failed);
   }
   s.chan = std::make_unique<redirect::channel>(std::move(*chan));
-  s.peer_descriptor = std::move(descriptor);
-  s.state.store(phase::upgraded);
   s.hello_pending.store(true);
+  s.state.store(phase::upgraded);  // publishes the channel
+  stat_publish(s);
+}
+
+// Client: the server accepted; read its hello frame. Our channel comes at
+// once only if the setting says so; else once the connection earns it.
+void take_accept(stream& s) {
+  std::string descriptor;
+  if (!read_hello_frame(s.fd, descriptor)) {
+    // The peer sent an accept byte but no valid hello: it is not us after all,
+    // and the bytes it sent cannot be given back. Fail the connection.
+    return fail_connection(s, "malformed hello after the accept byte");
+  }
+  s.peer_descriptor = std::move(descriptor);
   log(3, "fd %d: server accepted VMMC", s.fd.load());
+  if (core::setting_integer(settings::upgrade_after) <= 0) return make_channel(s);
+  s.state.store(phase::deferred);
+  stat_publish(s);
+}
+
+// Whether a deferred connection has carried enough that a channel pays:
+// setting one up costs both processes about as much CPU as a few dozen
+// kernel TCP calls or a few hundred KiB through the kernel (issue 14 item 5:
+// connect + first byte within 1.2x of kernel TCP), so a connection that
+// makes a few calls and closes never pays it.
+bool earned(const stream& s) {
+  static const auto calls = static_cast<std::uint32_t>(
+      std::max<std::int64_t>(1, core::setting_integer(settings::upgrade_after)));
+  constexpr std::uint64_t bytes = 256 << 10;
+  return s.tcp_calls.load(std::memory_order_relaxed) >= calls ||
+         s.tcp_in.load(std::memory_order_relaxed) + s.tcp_out.load(std::memory_order_relaxed) >=
+             bytes;
+}
+
+// Leaves the deferred phase if no call is in the kernel (else a later call
+// does): for a channel, or for kernel TCP where a channel can never be used.
+void earn_channel(stream& s) {
+  std::unique_lock setup(s.setup_mutex, std::try_to_lock);
+  if (!setup || s.state.load() != phase::deferred) return;
+  s.upgrade_claimed.store(true);
+  if (s.in_kernel.load() == 0) {
+    if (s.write_shut.load() || s.shared.load())
+      become_plain(s, s.write_shut.load() ? fallback::none : fallback::reverted);
+    else
+      make_channel(s);
+  }
+  s.upgrade_claimed.store(false);
 }
 }  // namespace
+
+bool deferred_call(stream& s, core::function_ref<ssize_t()> call,
+                   std::atomic<std::uint64_t>* counted_in, ssize_t& result) {
+  s.in_kernel.fetch_add(1);
+  if (s.upgrade_claimed.load() || s.state.load() != phase::deferred) {
+    s.in_kernel.fetch_sub(1);
+    std::lock_guard wait(s.setup_mutex);  // held while the stream leaves the phase
+    return false;
+  }
+  result = call();
+  const int error = errno;
+  if (result > 0 && counted_in) {
+    *counted_in += static_cast<std::uint64_t>(result);
+    s.tcp_calls.fetch_add(1, std::memory_order_relaxed);
+  }
+  s.in_kernel.fetch_sub(1);
+  if (result > 0 && counted_in && earned(s)) {
+    earn_channel(s);
+    if (s.state.load() == phase::upgraded) advance_upgrade(s);  // our hello, if no writer is busy
+  }
+  errno = error;
+  return true;
+}
+
+void stay_on_tcp(stream& s) {
+  if (s.state.load() != phase::deferred) return;
+  std::lock_guard setup(s.setup_mutex);
+  if (s.state.load() == phase::deferred) become_plain(s, fallback::reverted);
+}
 
 // A doorbell byte does not say whether it is for the reader (data) or the
 // writer (space), and either thread may drain it. So only one thread sleeps

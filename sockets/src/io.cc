@@ -335,6 +335,11 @@ ssize_t receive(stream& s, void* buffer, size_t length, int flags, bool rw) {
       ::poll(&pfd, 1, static_cast<int>(std::min<long long>(left, 1000)));
     }
   }
+  // Every raw byte counts: the peer's switch is at a byte count.
+  for (ssize_t n = 0; p == phase::deferred; p = s.state.load()) {
+    auto call = [&] { return kernel_read(s.fd, buffer, length, flags, rw); };
+    if (deferred_call(s, call, (flags & MSG_PEEK) ? nullptr : &s.tcp_in, n)) return n;
+  }
   if (p != phase::upgraded) return kernel_read(s.fd, buffer, length, flags, rw);
   // The decision above may have failed the connection (fail_connection).
   if (int e = s.pending_error.exchange(0)) return fail(e);
@@ -385,6 +390,10 @@ ssize_t transmit(stream& s, const void* buffer, size_t length, int flags, bool r
     // writes switches too, and leaves no protocol bytes unread).
     try_decide(s, !s.is_client);
     p = s.state.load();
+  }
+  for (ssize_t n = 0; p == phase::deferred; p = s.state.load()) {
+    auto call = [&] { return kernel_write(s.fd, buffer, length, flags, rw); };
+    if (deferred_call(s, call, &s.tcp_out, n)) return n;
   }
   if (p == phase::plain || p == phase::idle || p == phase::connecting)
     return kernel_write(s.fd, buffer, length, flags, rw);

@@ -333,6 +333,7 @@ void revert_all(bool only_inheritable) {
 }
 
 void fork_prepare() {
+  for (auto& s : all_streams()) stay_on_tcp(*s);
   revert_all(false);
 }
 

@@ -2,9 +2,11 @@
 //
 // One `stream` per kernel TCP descriptor this library manages, found through
 // a table indexed by descriptor. A stream is either undecided (waiting for
-// the peer's first byte), plain (kernel TCP for good) or upgraded (the peer
-// speaks vmmc; each direction switches from TCP to the redirect channel at
-// its own byte offset, see wire.h).
+// the peer's first byte), plain (kernel TCP for good), deferred (a client
+// whose server accepted: kernel TCP, counted, until the connection has
+// carried enough to pay for a channel) or upgraded (the peer speaks vmmc;
+// each direction switches from TCP to the redirect channel at its own byte
+// offset, see wire.h).
 #pragma once
 
 #include <sys/socket.h>
@@ -22,6 +24,7 @@
 
 #include "presence.h"
 #include "vmmc/core/context.h"
+#include "vmmc/core/progress.h"
 #include "vmmc/core/settings.h"
 #include "vmmc/redirect/channel.h"
 #include "vmmc/sockets/socket.h"
@@ -44,6 +47,7 @@ extern const core::setting preload_enable;
 extern const core::setting stat;
 extern const core::setting stat_dir;
 extern const core::setting inherit;
+extern const core::setting upgrade_after;
 }  // namespace settings
 
 enum class phase : std::uint8_t {
@@ -51,7 +55,11 @@ enum class phase : std::uint8_t {
   connecting,  // non-blocking connect in progress
   undecided,   // connected; the peer's first byte has not arrived
   plain,       // kernel TCP for good
-  upgraded,    // the peer speaks vmmc: channel set up (directions switch separately)
+  // Client only: the server accepted (its channel waits for our hello), and
+  // ours is not made yet: a connection that makes a few calls and closes
+  // costs no more than kernel TCP (earn_channel, handshake.cc).
+  deferred,
+  upgraded,  // the peer speaks vmmc: channel set up (directions switch separately)
 };
 
 struct stream {
@@ -84,7 +92,13 @@ struct stream {
   std::timed_mutex write_mutex;  // one writer at a time, and our hello's byte count
 
   std::unique_ptr<redirect::channel> chan;
-  std::string peer_descriptor;               // client: the server's channel, from its hello frame
+  std::string peer_descriptor;  // client: the server's channel, from its hello frame
+  // Deferred: calls in the kernel now, and calls that moved bytes so far.
+  // Leaving the phase claims the stream first, then waits for no call in
+  // the kernel (a read there could take the peer's first record for data).
+  std::atomic<int> in_kernel{0};
+  std::atomic<bool> upgrade_claimed{false};
+  std::atomic<std::uint32_t> tcp_calls{0};
   std::atomic<bool> peer_hello_seen{false};  // server: the client's channel hello arrived
   // Server: this stream's channel counts against max_awaiting_client until
   // the client's hello arrives or the stream goes (release_awaiting_slot).
@@ -269,6 +283,16 @@ int max_awaiting_client();
 void release_awaiting_slot(stream& s);
 bool check_connected(stream& s);  // connecting -> undecided once connected
 void try_decide(stream& s, bool wait_for_first_byte);
+// Deferred: one kernel call (`call` returns its result), counted towards the
+// channel; its bytes add to `counted_in` (tcp_in, tcp_out, or null for a
+// peek). Returns false,
+// without calling, if the stream left the phase meanwhile: the caller
+// starts over.
+bool deferred_call(stream& s, core::function_ref<ssize_t()> call,
+                   std::atomic<std::uint64_t>* counted_in, ssize_t& result);
+// Deferred, before fork(): the socket may be shared from now on, and a
+// channel of one process would take bytes the other reads: kernel TCP.
+void stay_on_tcp(stream& s);
 bool peer_ready(stream& s);       // our channel hello may be placed now
 void advance_upgrade(stream& s);  // places it unless a writer is busy (it will)
 void place_hello_locked(stream& s, bool ring_now = true);  // with write_mutex held

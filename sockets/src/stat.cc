@@ -293,6 +293,9 @@ bool describe_row(stream& s, page::row& r) {
     case phase::undecided:
       state = page::row_state::undecided;
       break;
+    case phase::deferred:  // the peer speaks vmmc; our channel comes with use
+      state = page::row_state::upgrading;
+      break;
     case phase::plain:
       if (why == fallback::none && (s.out_reverted.load() || s.in_reverted.load()))
         why = fallback::reverted;

@@ -44,10 +44,14 @@ const core::setting stat_dir  {"sockets", "stat_dir",  core::setting_type::strin
 const core::setting inherit   {"sockets", "inherit",   core::setting_type::string,  "",
   "set by vmmc for a program it execs: connections handed over with the bytes the old image "
   "had taken off them ('fd:memfd,...')", true};
+const core::setting upgrade_after {"sockets", "upgrade_after", core::setting_type::integer, "16",
+  "a client connection sets up its channel once it has made this many reads and writes on "
+  "kernel TCP, or moved 256 KiB: a connection that makes a few calls and closes costs no more "
+  "than kernel TCP (0: at once)"};
 // clang-format on
 namespace {
-const core::setting table[] = {enable, hold_us, log_level, ports,  exclude,
-                               remote, stat,    stat_dir,  inherit};
+const core::setting table[] = {enable, hold_us, log_level, ports,         exclude,
+                               remote, stat,    stat_dir,  upgrade_after, inherit};
 const core::setting preload_table[] = {preload_enable};
 struct registrar {
   registrar() {
