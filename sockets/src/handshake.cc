@@ -256,6 +256,9 @@ void earn_channel(stream& s) {
   std::unique_lock setup(s.setup_mutex, std::try_to_lock);
   if (!setup || s.state.load() != phase::deferred) return;
   s.upgrade_claimed.store(true);
+  log(3, "fd %d: earned a channel (%u calls, %llu bytes; %d in the kernel)", s.fd.load(),
+      s.tcp_calls.load(), static_cast<unsigned long long>(s.tcp_in.load() + s.tcp_out.load()),
+      s.in_kernel.load());
   if (s.in_kernel.load() == 0) {
     if (s.write_shut.load() || s.shared.load())
       become_plain(s, s.write_shut.load() ? fallback::none : fallback::reverted);
