@@ -215,6 +215,15 @@ result<std::shared_ptr<context>> context::shared() {
   };
   // Never destroyed: holders may let go in exit handlers after statics.
   static process_slot& slot = *new process_slot;
+  // A fork() while another thread made the context (the lock is held for
+  // the whole creation) left the child's copy locked for ever: the child
+  // starts from a fresh slot (the parent's weak reference is let go of
+  // without touching it: it may have been half-written).
+  static const bool fresh_in_child = [] {
+    ::pthread_atfork(nullptr, nullptr, [] { new (&slot) process_slot; });
+    return true;
+  }();
+  (void)fresh_in_child;
   std::lock_guard lock(slot.mutex);
   const pid_t self = ::getpid();
   if (slot.owner == self)

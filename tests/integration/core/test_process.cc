@@ -6,10 +6,13 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstring>
 #include <set>
+#include <thread>
 
 #include "integration/core/child_process.h"
 #include "integration/core/transports.h"
@@ -291,6 +294,34 @@ TEST(SharedContext, OneAProcessWhileHeldOwnInAForkChildAnotherAfter) {
   auto next = core::context::shared();
   ASSERT_TRUE(next);
   EXPECT_NE((*next)->address(), first);
+}
+
+// A fork() made while another thread creates the process's context (its
+// lock held for the whole creation) must not leave the child unable to get
+// one: it waited for ever on the copy of the lock.
+TEST(SharedContext, AForkDuringCreationLeavesTheChildAbleToCreateItsOwn) {
+  std::atomic<bool> stop{false};
+  std::thread maker([&] {
+    while (!stop.load()) {
+      auto ctx = core::context::shared();  // made and let go of, over and over
+      ASSERT_TRUE(ctx);
+    }
+  });
+  for (int i = 0; i < 50; ++i) {  // about one fork in 20 hit the lock before
+    pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      ::alarm(10);  // a deadlocked child dies of SIGALRM
+      auto mine = core::context::shared();
+      std::_Exit(mine ? 0 : 1);
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "child " << i << ": status " << status << " (SIGALRM 14: it never got a context)";
+  }
+  stop.store(true);
+  maker.join();
 }
 
 }  // namespace
