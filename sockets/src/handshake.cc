@@ -270,7 +270,7 @@ void earn_channel(stream& s) {
 }  // namespace
 
 bool deferred_call(stream& s, core::function_ref<ssize_t()> call,
-                   std::atomic<std::uint64_t>* counted_in, ssize_t& result) {
+                   std::atomic<std::uint64_t>* counter, ssize_t& result) {
   s.in_kernel.fetch_add(1);
   if (s.upgrade_claimed.load() || s.state.load() != phase::deferred) {
     s.in_kernel.fetch_sub(1);
@@ -279,12 +279,12 @@ bool deferred_call(stream& s, core::function_ref<ssize_t()> call,
   }
   result = call();
   const int error = errno;
-  if (result > 0 && counted_in) {
-    *counted_in += static_cast<std::uint64_t>(result);
+  if (result > 0 && counter) {
+    *counter += static_cast<std::uint64_t>(result);
     s.tcp_calls.fetch_add(1, std::memory_order_relaxed);
   }
   s.in_kernel.fetch_sub(1);
-  if (result > 0 && counted_in && earned(s)) {
+  if (result > 0 && counter && earned(s)) {
     earn_channel(s);
     if (s.state.load() == phase::upgraded) advance_upgrade(s);  // our hello, if no writer is busy
   }

@@ -57,7 +57,7 @@ enum class phase : std::uint8_t {
   plain,       // kernel TCP for good
   // Client only: the server accepted (its channel waits for our hello), and
   // ours is not made yet: a connection that makes a few calls and closes
-  // costs no more than kernel TCP (earn_channel, handshake.cc).
+  // never pays for one (earn_channel, handshake.cc).
   deferred,
   upgraded,  // the peer speaks vmmc: channel set up (directions switch separately)
 };
@@ -284,12 +284,11 @@ void release_awaiting_slot(stream& s);
 bool check_connected(stream& s);  // connecting -> undecided once connected
 void try_decide(stream& s, bool wait_for_first_byte);
 // Deferred: one kernel call (`call` returns its result), counted towards the
-// channel; its bytes add to `counted_in` (tcp_in, tcp_out, or null for a
-// peek). Returns false,
-// without calling, if the stream left the phase meanwhile: the caller
-// starts over.
+// channel; the bytes it moved add to `counter` (tcp_in or tcp_out; null for
+// a peek). Returns false, without calling, if the stream left the phase
+// meanwhile: the caller starts over.
 bool deferred_call(stream& s, core::function_ref<ssize_t()> call,
-                   std::atomic<std::uint64_t>* counted_in, ssize_t& result);
+                   std::atomic<std::uint64_t>* counter, ssize_t& result);
 // Deferred, before fork(): the socket may be shared from now on, and a
 // channel of one process would take bytes the other reads: kernel TCP.
 void stay_on_tcp(stream& s);

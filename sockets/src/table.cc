@@ -46,8 +46,8 @@ const core::setting inherit   {"sockets", "inherit",   core::setting_type::strin
   "had taken off them ('fd:memfd,...')", true};
 const core::setting upgrade_after {"sockets", "upgrade_after", core::setting_type::integer, "16",
   "a client connection sets up its channel once it has made this many reads and writes on "
-  "kernel TCP, or moved 256 KiB: a connection that makes a few calls and closes costs no more "
-  "than kernel TCP (0: at once)"};
+  "kernel TCP, or moved 256 KiB: a connection that makes a few calls and closes never pays for "
+  "a channel (0: at once)"};
 // clang-format on
 namespace {
 const core::setting table[] = {enable, hold_us, log_level, ports,         exclude,
