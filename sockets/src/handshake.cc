@@ -220,6 +220,14 @@ void make_channel(stream& s) {
   stat_publish(s);
 }
 
+// VMMC_SOCKETS_UPGRADE_AFTER, read once: the calls a client connection makes
+// on kernel TCP before its channel (0: the channel at once).
+std::uint32_t upgrade_after() {
+  static const auto calls = static_cast<std::uint32_t>(
+      std::max<std::int64_t>(0, core::setting_integer(settings::upgrade_after)));
+  return calls;
+}
+
 // Client: the server accepted; read its hello frame. Our channel comes at
 // once only if the setting says so; else once the connection earns it.
 void take_accept(stream& s) {
@@ -231,7 +239,7 @@ void take_accept(stream& s) {
   }
   s.peer_descriptor = std::move(descriptor);
   log(3, "fd %d: server accepted VMMC", s.fd.load());
-  if (core::setting_integer(settings::upgrade_after) <= 0) return make_channel(s);
+  if (upgrade_after() == 0) return make_channel(s);
   s.state.store(phase::deferred);
   stat_publish(s);
 }
@@ -243,10 +251,8 @@ void take_accept(stream& s) {
 // connection that makes fewer calls and closes never pays it (issue 14,
 // item 5); one that goes on pays at most about twice what it would have.
 bool earned(const stream& s) {
-  static const auto calls = static_cast<std::uint32_t>(
-      std::max<std::int64_t>(1, core::setting_integer(settings::upgrade_after)));
   constexpr std::uint64_t bytes = 256 << 10;
-  return s.tcp_calls.load(std::memory_order_relaxed) >= calls ||
+  return s.tcp_calls.load(std::memory_order_relaxed) >= upgrade_after() ||
          s.tcp_in.load(std::memory_order_relaxed) + s.tcp_out.load(std::memory_order_relaxed) >=
              bytes;
 }

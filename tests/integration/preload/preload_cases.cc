@@ -1330,7 +1330,7 @@ int lazy_case() {
   return 0;
 }
 
-// ---- a short connection costs what kernel TCP costs (issue 14, item 5): a
+// ---- a short connection pays for no channel (issue 14, item 5): a
 // client's channel comes only once its connection has made
 // VMMC_SOCKETS_UPGRADE_AFTER reads and writes (default 16) or moved 256 KiB.
 // Until then the client runs no thread of ours and has no context; every
