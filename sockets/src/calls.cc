@@ -125,9 +125,19 @@ bool listed(const std::string& list, int port, const std::string& address) {
 }
 
 // Whether a connection between `local` and `peer` may be accelerated.
-bool allowed(const sockaddr* local, const sockaddr* peer) {
+// VMMC_SOCKETS_PORTS and VMMC_SOCKETS_EXCLUDE, read once.
+const std::string& only_ports() {
   static const std::string only = core::setting_string(settings::ports);
+  return only;
+}
+const std::string& excluded() {
   static const std::string never = core::setting_string(settings::exclude);
+  return never;
+}
+
+bool allowed(const sockaddr* local, const sockaddr* peer) {
+  const std::string& only = only_ports();
+  const std::string& never = excluded();
   std::string peer_address = address_of(peer);
   int ports[2] = {port_of(local), port_of(peer)};
   if (!never.empty())
@@ -140,6 +150,7 @@ bool allowed(const sockaddr* local, const sockaddr* peer) {
 }
 
 bool allowed_local(int fd, const sockaddr* peer) {
+  if (only_ports().empty() && excluded().empty()) return true;  // no rule to ask about
   sockaddr_storage local{};
   socklen_t length = sizeof local;
   if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) != 0) return true;
@@ -234,20 +245,55 @@ int listen(int fd, int backlog) {
   return r;
 }
 
+// The local end of a connection `listener` accepted: the listener's own
+// address when that is one address (asked of the kernel once), else the
+// kernel's answer for the connection (a wildcard listener's connections
+// each have their own).
+bool local_end_of(stream& listener, int client, sockaddr_storage& local, socklen_t& length) {
+  if (!listener.listen_address_asked.load(std::memory_order_acquire)) {
+    std::lock_guard lock(listener.setup_mutex);
+    if (!listener.listen_address_asked.load()) {
+      sockaddr_storage bound{};
+      socklen_t bound_length = sizeof bound;
+      if (::getsockname(listener.fd, reinterpret_cast<sockaddr*>(&bound), &bound_length) == 0 &&
+          !wildcard(reinterpret_cast<const sockaddr*>(&bound))) {
+        listener.local_end = bound;
+        listener.ends_known.store(true, std::memory_order_release);
+      }
+      listener.listen_address_asked.store(true, std::memory_order_release);
+    }
+  }
+  if (listener.ends_known.load(std::memory_order_acquire)) {
+    local = listener.local_end;
+    return true;
+  }
+  return ::getsockname(client, reinterpret_cast<sockaddr*>(&local), &length) == 0;
+}
+
 int accept4(int fd, sockaddr* address, socklen_t* length, int flags) {
   detail::api_call entered;
-  int client = ::accept4(fd, address, length, flags);
+  // The peer's address comes with the connection, into the program's buffer
+  // (then copied, unless cut short) or ours: no getpeername() per connection.
+  sockaddr_storage peer{}, local{};
+  socklen_t peer_length = sizeof peer, local_length = sizeof local;
+  const bool programs_buffer = address && length;
+  const socklen_t offered = programs_buffer ? *length : 0;
+  int client = programs_buffer
+                   ? ::accept4(fd, address, length, flags)
+                   : ::accept4(fd, reinterpret_cast<sockaddr*>(&peer), &peer_length, flags);
   stream_ptr listener = client < 0 ? nullptr : find(fd);
   if (!listener) return client;
   if (listener->state.load() != phase::plain) enter_listener(*listener);
   int saved = errno;
-  // The connection's addresses, asked once for every decision below.
-  sockaddr_storage peer{}, local{};
-  socklen_t peer_length = sizeof peer, local_length = sizeof local;
-  const bool peer_named =
-      ::getpeername(client, reinterpret_cast<sockaddr*>(&peer), &peer_length) == 0;
-  const bool local_named =
-      ::getsockname(client, reinterpret_cast<sockaddr*>(&local), &local_length) == 0;
+  bool peer_named = true;
+  if (programs_buffer) {
+    peer_length = *length;
+    if (peer_length <= offered && peer_length <= sizeof peer)
+      std::memcpy(&peer, address, peer_length);
+    else
+      peer_named = ::getpeername(client, reinterpret_cast<sockaddr*>(&peer), &peer_length) == 0;
+  }
+  const bool local_named = local_end_of(*listener, client, local, local_length);
   const auto* peer_address = reinterpret_cast<const sockaddr*>(&peer);
   const auto* local_address = reinterpret_cast<const sockaddr*>(&local);
   const bool peer_here =
@@ -346,6 +392,7 @@ int close(int fd) {
     // The last reference tears the channel down (the peer's later sends fail).
   }
   forget_epoll_set(fd);
+  if (fd >= 0) presence::descriptors_closing(fd, fd);
   return ::close(fd);
 }
 
@@ -357,6 +404,7 @@ int close_range(unsigned int first, unsigned int last, int flags) {
     for (int fd : descriptors())
       if (static_cast<unsigned>(fd) >= first && static_cast<unsigned>(fd) <= last)
         vmmc::sockets::close(fd);
+    presence::descriptors_closing(first, last);
   }
   return ::close_range(first, last, flags);
 }
@@ -374,6 +422,7 @@ int dup3(int fd, int target, int flags) {
   if (fd == target) return ::dup3(fd, target, flags);  // EINVAL, as the kernel says
   stream_ptr s = find(fd);
   stream_ptr replaced = find(target) ? release_slot(target) : nullptr;  // closed silently
+  if (target >= 0) presence::descriptors_closing(target, target);
   int r = ::dup3(fd, target, flags);
   if (r >= 0 && s) alias(target, s);
   forget_epoll_set(target);

@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <optional>
@@ -131,8 +132,9 @@ table* own_table() {
   return own_state.mapped;
 }
 
-// Other users' tables, mapped read-only on first need and kept. A user
-// without one is looked for again next time (it may start a vmmc process).
+// The tables looked in (any user's, ours too: no geteuid() per lookup),
+// mapped read-only on first need and kept. A user without one is looked
+// for again next time (it may start a vmmc process).
 struct other_table {
   std::atomic<std::uint64_t> key{0};  // uid + 1
   std::atomic<table*> mapped{nullptr};
@@ -143,7 +145,6 @@ other_table others[32];
 // users than places, or a race): the caller unmaps it after use.
 const table* table_of(uid_t uid, bool& unmap) {
   unmap = false;
-  if (uid == ::geteuid()) return own_table();
   const std::uint64_t key = std::uint64_t{uid} + 1;
   for (auto& o : others)
     if (o.key.load(std::memory_order_acquire) == key)
@@ -209,12 +210,37 @@ struct owner {
   std::uint64_t cookie;
 };
 
+// One netlink socket per process, made at its first lookup and kept: a
+// socket and a close per connection cost more than the lookup. A fork()
+// child closes its copy (parent's and child's replies would share one
+// queue) and makes its own. A program that closes or overwrites the
+// descriptor (close_range() in a daemon, dup2() onto it) makes us forget
+// it first (descriptor_closing), so a lookup never writes to its file.
+std::mutex diag_mutex;
+std::atomic<int> diag_fd{-1};
+std::uint32_t diag_sequence = 0;  // under diag_mutex
+
+int diag_socket_locked() {
+  static const bool reset_in_child = [] {
+    ::pthread_atfork(nullptr, nullptr, [] {
+      new (&diag_mutex) std::mutex;
+      if (int inherited = diag_fd.exchange(-1); inherited >= 0) ::close(inherited);
+    });
+    return true;
+  }();
+  (void)reset_in_child;
+  int fd = diag_fd.load();
+  if (fd < 0) {
+    fd = ::socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+    diag_fd.store(fd);
+  }
+  return fd;
+}
+
 // One exact lookup (no dump): the kernel finds the socket as it would for
-// a packet, a listener included. A socket of its own per lookup: nothing is
-// kept open, and a fork() child never shares a reply with its parent.
+// a packet, a listener included, and queues its one answer before sendto()
+// returns.
 std::optional<owner> socket_owner(const endpoint& local, const endpoint* remote, int states) {
-  int fd = ::socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
-  if (fd < 0) return std::nullopt;
   struct {
     nlmsghdr header;
     inet_diag_req_v2 request;
@@ -236,23 +262,67 @@ std::optional<owner> socket_owner(const endpoint& local, const endpoint* remote,
   sockaddr_nl kernel{};
   kernel.nl_family = AF_NETLINK;
   alignas(nlmsghdr) char reply[1024];
-  std::optional<owner> found;
-  ssize_t n = -1;
+  std::lock_guard lock(diag_mutex);
+  const int fd = diag_socket_locked();
+  if (fd < 0) return std::nullopt;
+  message.header.nlmsg_seq = ++diag_sequence;
   if (::sendto(fd, &message, sizeof message, 0, reinterpret_cast<sockaddr*>(&kernel),
-               sizeof kernel) == static_cast<ssize_t>(sizeof message)) {
-    do n = ::recv(fd, reply, sizeof reply, 0);
-    while (n < 0 && errno == EINTR);
+               sizeof kernel) != static_cast<ssize_t>(sizeof message)) {
+    // Made unusable somehow (a full queue of stale answers): a new one next time.
+    ::close(diag_fd.exchange(-1));
+    return std::nullopt;
   }
-  ::close(fd);
-  auto* h = reinterpret_cast<const nlmsghdr*>(reply);
-  if (n >= static_cast<ssize_t>(NLMSG_LENGTH(sizeof(inet_diag_msg))) &&
-      h->nlmsg_type == SOCK_DIAG_BY_FAMILY) {
+  // Answers of earlier lookups left behind (a recv() cut short) are skipped.
+  for (int stale = 0; stale < 16; ++stale) {
+    ssize_t n;
+    do n = ::recv(fd, reply, sizeof reply, MSG_DONTWAIT);
+    while (n < 0 && errno == EINTR);
+    auto* h = reinterpret_cast<const nlmsghdr*>(reply);
+    if (n < static_cast<ssize_t>(NLMSG_HDRLEN)) return std::nullopt;
+    if (h->nlmsg_seq != message.header.nlmsg_seq) continue;
+    if (h->nlmsg_type != SOCK_DIAG_BY_FAMILY ||
+        n < static_cast<ssize_t>(NLMSG_LENGTH(sizeof(inet_diag_msg))))
+      return std::nullopt;  // NLMSG_ERROR: no such socket
     inet_diag_msg diag;
     std::memcpy(&diag, reply + NLMSG_HDRLEN, sizeof diag);
-    found = owner{diag.idiag_uid,
-                  diag.id.idiag_cookie[0] | std::uint64_t{diag.id.idiag_cookie[1]} << 32};
+    return owner{diag.idiag_uid,
+                 diag.id.idiag_cookie[0] | std::uint64_t{diag.id.idiag_cookie[1]} << 32};
   }
-  return found;
+  return std::nullopt;
+}
+
+// Listeners found plain, by address, for a second: a client that connects
+// again and again to a plain server (a load generator, a proxy) asks the
+// kernel once a second, not once a connection. A vmmc server that takes the
+// port over meanwhile gets plain connections from us for at most that long
+// (correct, only not accelerated); a listener found entered is asked for
+// every time (one that went plain must never see our offer).
+using clock = std::chrono::steady_clock;
+struct plain_listener {
+  endpoint at;
+  clock::time_point until;
+};
+std::mutex plain_mutex;
+plain_listener plain_listeners[8];
+unsigned plain_next = 0;  // under plain_mutex: the entry replaced next
+
+bool same(const endpoint& a, const endpoint& b) {
+  return a.family == b.family && a.port == b.port &&
+         std::memcmp(a.address, b.address, sizeof a.address) == 0;
+}
+
+bool known_plain(const endpoint& at) {
+  const auto now = clock::now();
+  std::lock_guard lock(plain_mutex);
+  for (const plain_listener& p : plain_listeners)
+    if (p.until > now && same(p.at, at)) return true;
+  return false;
+}
+
+void remember_plain(const endpoint& at) {
+  std::lock_guard lock(plain_mutex);
+  plain_listeners[plain_next++ % std::size(plain_listeners)] = {
+      at, clock::now() + std::chrono::seconds(1)};
 }
 
 }  // namespace
@@ -296,9 +366,22 @@ void remove(std::uint64_t cookie) {
 
 bool listener_entered(const sockaddr* address, socklen_t length) {
   auto to = endpoint_of(address, length);
-  if (!to) return false;
+  if (!to || known_plain(*to)) return false;
   auto listener = socket_owner(*to, nullptr, 1 << TCP_LISTEN);
-  return listener && entered(listener->uid, listener->cookie);
+  if (!listener) return false;  // none there now: the connection will say
+  if (entered(listener->uid, listener->cookie)) return true;
+  remember_plain(*to);
+  return false;
+}
+
+void descriptors_closing(unsigned first, unsigned last) {
+  auto ours = [&] {
+    const int fd = diag_fd.load(std::memory_order_relaxed);
+    return fd >= 0 && static_cast<unsigned>(fd) >= first && static_cast<unsigned>(fd) <= last;
+  };
+  if (!ours()) return;
+  std::lock_guard lock(diag_mutex);  // not while a lookup uses it
+  if (ours()) diag_fd.store(-1);     // the program's call closes it
 }
 
 bool peer_entered(const sockaddr* local, socklen_t local_length, const sockaddr* peer,

@@ -35,5 +35,9 @@ bool listener_entered(const sockaddr* address, socklen_t length);
 // given the connection's two addresses as this end sees them.
 bool peer_entered(const sockaddr* local, socklen_t local_length, const sockaddr* peer,
                   socklen_t peer_length);
+// The program is about to close the descriptors first..last or put other
+// files in their place: our lookup socket among them is forgotten (a later
+// lookup makes another).
+void descriptors_closing(unsigned first, unsigned last);
 
 }  // namespace vmmc::sockets::detail::presence

@@ -398,6 +398,7 @@ void interposer_install() {
 char* const* prepare_exec(char* const* envp) {
   detail::api_call entered;
   revert_all(true);
+  stat_before_exec();
   std::string handed;
   for (auto& s : all_streams()) {
     // The new image may not run vmmc: none of our sockets vouches for it.

@@ -96,6 +96,13 @@ std::string ipv4_text(const sockaddr* address) {
   return text;
 }
 
+bool wildcard(const sockaddr* address) {
+  if (address->sa_family == AF_INET)
+    return reinterpret_cast<const sockaddr_in*>(address)->sin_addr.s_addr == htonl(INADDR_ANY);
+  return address->sa_family == AF_INET6 &&
+         IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6*>(address)->sin6_addr);
+}
+
 std::optional<fallback> keep_on_tcp_to(bool peer_here) {
   static const std::string mode = core::setting_string(settings::remote);
   if (peer_here || !core::kernel_tcp_to_other_hosts(mode)) return std::nullopt;

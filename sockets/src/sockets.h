@@ -77,10 +77,13 @@ struct stream {
   std::atomic<phase> state{phase::idle};
   // The connection's two ends, asked of the kernel once it connected (at
   // accept, or when the client offers) and kept for every later decision
-  // and description; valid once ends_known (release/acquire).
+  // and description; valid once ends_known (release/acquire). A listener
+  // bound to one address keeps it in local_end (its connections' local
+  // end), asked at its first accept (listen_address_asked).
   sockaddr_storage local_end{}, peer_end{};
   bool peer_here = false;  // the peer runs on this host
   std::atomic<bool> ends_known{false};
+  std::atomic<bool> listen_address_asked{false};
   std::atomic<fallback> fallback_reason{fallback::none};  // why it is kernel TCP (vmmc-stat)
   std::atomic<bool> nonblocking{false};
   // SO_RCVTIMEO / SO_SNDTIMEO; max() means none (set from any thread).
@@ -269,6 +272,8 @@ std::string ipv4_text(const sockaddr* address);
 // kernel TCP (VMMC_SOCKETS_REMOTE). Decided before any byte of ours, once
 // the caller knows whether the peer is on this host.
 std::optional<fallback> keep_on_tcp_to(bool peer_here);
+// The address is a wildcard (INADDR_ANY, in6addr_any).
+bool wildcard(const sockaddr* address);
 
 // --- handshake.cc
 // Sends all of a small control message, waiting for the socket (bounded).
@@ -327,11 +332,13 @@ std::size_t take_stash(stream& s, void* buffer, std::size_t length, bool consume
 
 // --- stat.cc: the rows vmmc-stat reads (vmmc/sockets/stat.h). Connection
 // events only, never the data path; errno is left alone.
-// Writes `s`'s row; `first` (a connect or accept) makes the file if needed;
-// `remote` is the address connect() names, for a connection in progress.
+// Writes `s`'s row, with no system call (a reader's request completes it);
+// `first` (a connect or accept) makes the file if needed; `remote` is the
+// address connect() names.
 void stat_publish(stream& s, bool first = false, const sockaddr* remote = nullptr,
                   socklen_t remote_length = 0);
 void stat_forget(int fd);  // `fd` no longer names a stream here
+void stat_before_exec();   // rows made whole (their inodes) for a reader after exec()
 // The process has its VMMC context: a thread answers for fresh counters.
 void stat_context_ready();
 

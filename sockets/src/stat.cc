@@ -343,7 +343,13 @@ bool describe_row(stream& s, page::row& r) {
 
 // Writes `s`'s row (with the publisher's lock held). `remote`: the address
 // a connect() names, before the kernel can tell it.
-void publish_locked(publisher& p, stream& s, const sockaddr* remote, socklen_t remote_length) {
+// `s`'s row. Asked by a reader (refresh), it is made whole: the socket's
+// inode (by which the reader tells a live row from a stale one) and both
+// ends. Published as the connection changes, it costs no system call: what
+// the stream knows, and the address the program connected to; the reader's
+// next request completes it (a row without its inode is not shown).
+void publish_locked(publisher& p, stream& s, const sockaddr* remote, socklen_t remote_length,
+                    bool ask_kernel) {
   if (s.closed.load()) return;  // its row went with its last descriptor
   int fd = s.fd.load();
   if (fd < 0) return;
@@ -352,7 +358,7 @@ void publish_locked(publisher& p, stream& s, const sockaddr* remote, socklen_t r
   page::row* slot = p.row_at(i);
   page::row r{};
   if (!describe_row(s, r)) return;
-  if (p.owners[i] == &s && slot->in_use && slot->remote.family) {
+  if (p.owners[i] == &s && slot->in_use && slot->inode != 0) {
     r.fd = slot->fd;
     r.inode = slot->inode;
     r.local = slot->local;
@@ -360,24 +366,29 @@ void publish_locked(publisher& p, stream& s, const sockaddr* remote, socklen_t r
   } else {
     if (!allocate_row(p, i)) return;
     r.fd = fd;
-    struct stat st {};
-    if (::fstat(fd, &st) == 0) r.inode = st.st_ino;
-    if (s.ends_known.load(std::memory_order_acquire)) {
+    const bool ends_known = s.ends_known.load(std::memory_order_acquire);
+    if (ends_known) {
       r.local = endpoint_of(s.local_end);
       r.remote = endpoint_of(s.peer_end);
-    } else {
+    } else if (remote && remote_length <= sizeof(sockaddr_storage)) {
+      sockaddr_storage a{};
+      std::memcpy(&a, remote, remote_length);
+      r.remote = endpoint_of(a);
+    } else if (p.owners[i] == &s && slot->in_use) {
+      r.local = slot->local;
+      r.remote = slot->remote;
+    }
+    if (ask_kernel) {
+      struct stat st {};
+      if (::fstat(fd, &st) == 0) r.inode = st.st_ino;
       sockaddr_storage a{};
       socklen_t length = sizeof a;
-      if (::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &length) == 0)
+      if (!ends_known && ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &length) == 0)
         r.local = endpoint_of(a);
       a = {};
       length = sizeof a;
-      if (::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &length) == 0) {
+      if (!ends_known && ::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &length) == 0)
         r.remote = endpoint_of(a);
-      } else if (remote && remote_length <= sizeof a) {
-        std::memcpy(&a, remote, remote_length);
-        r.remote = endpoint_of(a);
-      }
     }
     p.owners[i] = &s;
   }
@@ -415,7 +426,7 @@ void refresh(publisher& p) {
       ++beyond;
       continue;
     }
-    publish_locked(p, *s, nullptr, 0);
+    publish_locked(p, *s, nullptr, 0, /*ask_kernel=*/true);
     described[static_cast<std::uint32_t>(fd)] = true;
   }
   std::uint32_t used = p.header->rows_used.load();
@@ -471,7 +482,14 @@ void stat_publish(stream& s, bool first, const sockaddr* remote, socklen_t remot
   publisher* p = get(first);
   if (!p) return;
   std::lock_guard lock(p->mutex);
-  publish_locked(*p, s, remote, remote_length);
+  publish_locked(*p, s, remote, remote_length, /*ask_kernel=*/false);
+}
+
+void stat_before_exec() {
+  publisher* p = current.load(std::memory_order_acquire);
+  if (!p) return;
+  keep_errno keep;
+  refresh(*p);  // every row with its inode: the new image's sockets are not taken for them
 }
 
 void stat_forget(int fd) {

@@ -19,6 +19,11 @@
 // every row and the UTLB counters, sets `answered` to the request it served
 // and wakes it. A process without the thread (it never met a vmmc peer) has
 // only rows of connections on kernel TCP, rewritten at each connection event.
+// Rows written at connection events cost no system call: `inode` is 0 and an
+// end may be unknown (family 0) until a refresh (or an exec(), before which
+// every row is completed). A reader believes such a row while its
+// descriptor names a socket, and takes that socket's inode and ends from
+// /proc/<pid>/fd and /proc/<pid>/net/tcp{,6}.
 #pragma once
 
 #include <sys/types.h>
@@ -27,6 +32,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "vmmc/sockets/stat.h"
 
@@ -110,5 +116,9 @@ bool header_ok(const header& h, std::uint64_t file_bytes, std::int64_t pid);
 // The connection row `index` describes: nullopt unless it is in use and
 // well-formed (its descriptor is `index`, its state one we know).
 std::optional<published_connection> parse_row(const row& r, std::uint32_t index);
+// The ends of socket `inode` ("127.0.0.1:6379") as the text of a
+// /proc/<pid>/net/tcp or tcp6 file lists them; false if it is not there.
+bool ends_in_proc_net(std::string_view table, std::uint64_t inode, std::string& local,
+                      std::string& remote);
 
 }  // namespace vmmc::sockets::detail::stat_page

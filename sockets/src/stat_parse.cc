@@ -5,8 +5,11 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
+#include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <string>
+#include <string_view>
 
 #include "stat_page.h"
 
@@ -25,7 +28,65 @@ std::string text_of(const endpoint& e) {
   }
   return "?";
 }
+
+// One address of /proc/net/tcp{,6}: "0100007F:1F90" (the address's 32-bit
+// words as the kernel holds them, in hex; the port in host order).
+bool endpoint_of_proc_net(std::string_view text, endpoint& e) {
+  const std::size_t colon = text.find(':');
+  if (colon == std::string_view::npos || (colon != 8 && colon != 32)) return false;
+  auto hex = [](std::string_view digits, std::uint32_t& value) {
+    if (digits.empty() || digits.size() > 8) return false;
+    value = 0;
+    for (char c : digits) {
+      int d = c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+      if (d < 0) return false;
+      value = value << 4 | static_cast<std::uint32_t>(d);
+    }
+    return true;
+  };
+  e = {};
+  e.family = colon == 8 ? AF_INET : AF_INET6;
+  for (std::size_t word = 0; word < colon / 8; ++word) {
+    std::uint32_t value;
+    if (!hex(text.substr(word * 8, 8), value)) return false;
+    std::memcpy(e.address + word * 4, &value, 4);
+  }
+  std::uint32_t port;
+  if (!hex(text.substr(colon + 1), port) || port > 65535) return false;
+  e.port = static_cast<std::uint16_t>(port);
+  return true;
+}
 }  // namespace
+
+bool ends_in_proc_net(std::string_view table, std::uint64_t inode, std::string& local,
+                      std::string& remote) {
+  if (inode == 0) return false;
+  const std::string wanted = std::to_string(inode);
+  while (!table.empty()) {
+    const std::size_t end = std::min(table.find('\n'), table.size());
+    std::string_view line = table.substr(0, end);
+    table.remove_prefix(std::min(end + 1, table.size()));
+    // sl local rem st tx:rx tr:when retrnsmt uid timeout inode ...
+    std::string_view fields[10];
+    std::size_t n = 0;
+    while (n < std::size(fields)) {
+      const std::size_t start = line.find_first_not_of(' ');
+      if (start == std::string_view::npos) break;
+      line.remove_prefix(start);
+      const std::size_t stop = std::min(line.find(' '), line.size());
+      fields[n++] = line.substr(0, stop);
+      line.remove_prefix(stop);
+    }
+    endpoint ours, theirs;
+    if (n == std::size(fields) && fields[9] == wanted && endpoint_of_proc_net(fields[1], ours) &&
+        endpoint_of_proc_net(fields[2], theirs)) {
+      local = text_of(ours);
+      remote = text_of(theirs);
+      return true;
+    }
+  }
+  return false;
+}
 
 std::string bounded(const char* text, std::size_t capacity) {
   return std::string(text, ::strnlen(text, capacity));

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <ctime>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "sockets.h"
@@ -126,17 +127,32 @@ bool read_consistent(int fd, off_t at, T& out) {
   return false;
 }
 
-// Whether the process's descriptor `fd` still names socket `inode` (where
-// /proc lets us look; else we trust the row).
-bool still_open(pid_t pid, int fd, std::uint64_t inode) {
+// The socket inode the process's descriptor `fd` names (0: none, not a
+// socket); nullopt where /proc does not let us look.
+std::optional<std::uint64_t> socket_inode(pid_t pid, int fd) {
   char path[64], target[64];
   std::snprintf(path, sizeof path, "/proc/%d/fd/%d", static_cast<int>(pid), fd);
   ssize_t n = ::readlink(path, target, sizeof target - 1);
-  if (n < 0) return errno == EACCES || errno == EPERM;
+  if (n < 0) {
+    if (errno == EACCES || errno == EPERM) return std::nullopt;
+    return 0;
+  }
   target[n] = '\0';
-  char expected[64];
-  std::snprintf(expected, sizeof expected, "socket:[%llu]", static_cast<unsigned long long>(inode));
-  return std::strcmp(target, expected) == 0;
+  unsigned long long inode = 0;
+  char end = 0;
+  if (std::sscanf(target, "socket:[%llu%c", &inode, &end) != 2 || end != ']') return 0;
+  return inode;
+}
+
+std::string file_text(const std::string& path) {
+  std::string text;
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return text;
+  char buffer[65536];
+  for (ssize_t n; (n = ::read(fd, buffer, sizeof buffer)) > 0 && text.size() < (64u << 20);)
+    text.append(buffer, static_cast<std::size_t>(n));
+  ::close(fd);
+  return text;
 }
 
 void read_rows(source& s) {
@@ -151,6 +167,8 @@ void read_rows(source& s) {
   p.utlb_evictions = h.utlb_evictions;
   p.utlb_bytes_registered = h.utlb_bytes_registered;
   p.not_shown = h.not_shown.load();
+  std::string tcp_table;  // the process's /proc/net/tcp and tcp6, read when needed
+  bool tcp_table_read = false;
   std::uint32_t used = std::min(h.rows_used.load(), h.row_count);
   for (std::uint32_t i = 0; i < used; ++i) {
     page::row r;
@@ -158,9 +176,32 @@ void read_rows(source& s) {
             s.fd, static_cast<off_t>(page::header_bytes + std::size_t{i} * page::row_bytes), r))
       continue;
     auto c = page::parse_row(r, i);
+    if (!c) continue;
     // Shown while its descriptor still names the socket (closed, or lost by
-    // exec: the row is stale).
-    if (c && still_open(p.pid, c->fd, c->inode)) p.connections.push_back(std::move(*c));
+    // exec: the row is stale). A row written as the connection changed
+    // (stat.cc: no system call there) has no inode yet: its descriptor is
+    // believed while it names a socket (closes clear rows, and an exec()
+    // completes them first), and that socket's ends come from the kernel.
+    auto named = socket_inode(p.pid, c->fd);
+    if (named && *named == 0) continue;
+    if (c->inode == 0 && named) {
+      c->inode = *named;
+      if (c->local == "?" || c->remote == "?") {
+        if (!tcp_table_read) {
+          const std::string base = "/proc/" + std::to_string(p.pid) + "/net/";
+          tcp_table = file_text(base + "tcp") + file_text(base + "tcp6");
+          tcp_table_read = true;
+        }
+        std::string local, remote;
+        if (page::ends_in_proc_net(tcp_table, c->inode, local, remote)) {
+          if (c->local == "?") c->local = local;
+          if (c->remote == "?") c->remote = remote;
+        }
+      }
+    } else if (named && *named != c->inode) {
+      continue;
+    }
+    p.connections.push_back(std::move(*c));
   }
 }
 }  // namespace

@@ -2,9 +2,11 @@
 // vmmc-stat (sockets/src/stat_page.h), as the reader checks it before it
 // believes anything: the header (header_ok), then each row (parse_row),
 // whose strings must stay bounded whatever the bytes. The input is the
-// header, the file's size (8 bytes), then rows.
+// header, the file's size (8 bytes), then rows; the same bytes are also read
+// as a /proc/net/tcp text (ends_in_proc_net).
 #include <cstdint>
 #include <cstring>
+#include <string>
 
 #include "fuzz_check.h"
 #include "stat_page.h"
@@ -23,6 +25,12 @@ void take_into(vmmc::fuzz::input& in, T& value) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  // The same bytes as a /proc/<pid>/net/tcp text, where the reader finds
+  // the ends of a row published without them.
+  std::string local, remote;
+  if (stat_page::ends_in_proc_net({reinterpret_cast<const char*>(data), size}, 1 + size % 1024,
+                                  local, remote))
+    check(!local.empty() && local.size() <= 48 && !remote.empty() && remote.size() <= 48);
   vmmc::fuzz::input in(data, size);
   stat_page::header h;
   take_into(in, h);

@@ -23,6 +23,7 @@
 #include <signal.h>
 #include <stddef.h>
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/select.h>
@@ -1262,6 +1263,18 @@ int dup_case() {
   return 0;
 }
 
+// `rounds` one-byte round trips between the two ends of a connection, one
+// thread playing both.
+void byte_rounds(int a, int b, int rounds) {
+  for (int i = 0; i < rounds; ++i) {
+    char c = 'x';
+    write_all(a, &c, 1);
+    check(::read(b, &c, 1) == 1, "b reads");
+    write_all(b, &c, 1);
+    check(::read(a, &c, 1) == 1, "a reads");
+  }
+}
+
 // ---- close_range forgets accelerated streams: a file that reuses the
 // descriptor number reads as a file.
 int close_range_case() {
@@ -1269,13 +1282,7 @@ int close_range_case() {
   int lfd = listen_on(port);
   int a = connect_to(port);
   int b = ::accept(lfd, nullptr, nullptr);
-  for (int i = 0; i < 4; ++i) {  // one thread plays both ends
-    char c = 'x';
-    write_all(a, &c, 1);
-    check(::read(b, &c, 1) == 1, "b reads");
-    write_all(b, &c, 1);
-    check(::read(a, &c, 1) == 1, "a reads");
-  }
+  byte_rounds(a, b, 4);
   expect_path(a, true, "self connection");
   int low = std::min(a, b);
   check(::close_range(static_cast<unsigned>(low), static_cast<unsigned>(std::max(a, b)), 0) == 0,
@@ -1285,6 +1292,45 @@ int close_range_case() {
   char text[5] = "";
   check(::read(f, text, 4) == 4 && std::strncmp(text, "Name", 4) == 0, "a file reads as a file");
   check(describe_preloaded(f).empty(), "not a stream any more");
+  return 0;
+}
+
+// ---- the socket through which we ask the kernel who owns a listener is
+// kept between connections (presence.cc). A program that closes every
+// descriptor (close_range, as daemons do) and puts TCP connections of its
+// own where it was must never get our lookups on them: the plain echo
+// server would send the stray bytes back.
+int lookup_socket_case() {
+  int plain_port;
+  pid_t server = spawn_server({"select-server", "17", "0"}, plain_port, false);
+  int port;
+  int lfd = listen_on(port);
+  int a = connect_to(port);  // a lookup: the socket is made
+  int b = ::accept(lfd, nullptr, nullptr);
+  check(a >= 0 && b >= 0, "first connection");
+  // Known plain from here on (for a second): the connections below ask
+  // nothing, so nothing of ours takes a number between them.
+  check(connect_to(plain_port) >= 0, "a plain connection");
+  check(::close_range(3, ~0U, 0) == 0, "close_range");
+  std::vector<int> plain;  // the lowest numbers, the lookup socket's among them
+  for (int i = 0; i < 16; ++i) plain.push_back(connect_to(plain_port));
+  lfd = listen_on(port);
+  for (int round = 0; round < 4; ++round) {  // lookups again, each connection
+    int c = connect_to(port);
+    int d = ::accept(lfd, nullptr, nullptr);
+    check(c >= 0 && d >= 0, "a later connection");
+    byte_rounds(c, d, 20);  // past the deferred phase: accelerated
+    expect_path(c, true, "a connection made after close_range");
+    ::close(c);
+    ::close(d);
+  }
+  for (int fd : plain) {
+    echo_round(fd, 1000);
+    int left = -1;
+    check(::ioctl(fd, FIONREAD, &left) == 0 && left == 0, "no stray bytes on a program's socket");
+    finish(fd);
+  }
+  reap(server, "plain server");
   return 0;
 }
 
@@ -1942,6 +1988,7 @@ int main(int argc, char** argv) {
   if (role == "unanswered-fork-server") return unanswered_fork_server();
   if (role == "sleepy-client") return sleepy_client(static_cast<int>(arg(2)));
   if (role == "close-range") return close_range_case();
+  if (role == "lookup-socket") return lookup_socket_case();
   if (role == "epoll-fork") return epoll_fork_case();
   if (role == "forking-client") return forking_client(static_cast<int>(arg(2)));
   if (role == "settings") return settings_case();

@@ -348,6 +348,65 @@ TEST_P(Semantics, AddressesOfBothEndsMatch) {
   io().close(listener);
 }
 
+// accept() writes the peer's address as the kernel does: cut to the buffer
+// the program gave, with the full length returned; nothing without a buffer.
+TEST_P(Semantics, AcceptFillsShortAndMissingAddressBuffersAsTheKernelDoes) {
+  int port = 0;
+  int listener = listen_loopback(io(), &port);
+  ASSERT_GE(listener, 0);
+  int clients[3];
+  for (int& c : clients) {
+    c = connect_loopback(io(), port);
+    ASSERT_GE(c, 0);
+  }
+  // Short: 4 bytes (family and port), the rest of the buffer untouched.
+  unsigned char buffer[sizeof(sockaddr_in)];
+  std::memset(buffer, 0xA5, sizeof buffer);
+  socklen_t length = 4;
+  ASSERT_TRUE(wait_ready(io(), listener, POLLIN, 5s) & POLLIN);
+  int short_one = io().accept(listener, reinterpret_cast<sockaddr*>(buffer), &length);
+  ASSERT_GE(short_one, 0) << std::strerror(errno);
+  EXPECT_EQ(length, sizeof(sockaddr_in));
+  sa_family_t family;
+  std::memcpy(&family, buffer, sizeof family);
+  EXPECT_EQ(family, AF_INET);
+  for (std::size_t i = 4; i < sizeof buffer; ++i) EXPECT_EQ(buffer[i], 0xA5) << "byte " << i;
+  // None: neither buffer is touched.
+  length = 77;
+  ASSERT_TRUE(wait_ready(io(), listener, POLLIN, 5s) & POLLIN);
+  int none = io().accept(listener, nullptr, &length);
+  ASSERT_GE(none, 0) << std::strerror(errno);
+  EXPECT_EQ(length, 77u);
+  // Large: the whole address, its own length.
+  sockaddr_storage large{};
+  length = sizeof large;
+  ASSERT_TRUE(wait_ready(io(), listener, POLLIN, 5s) & POLLIN);
+  int third = io().accept(listener, reinterpret_cast<sockaddr*>(&large), &length);
+  ASSERT_GE(third, 0) << std::strerror(errno);
+  EXPECT_EQ(length, sizeof(sockaddr_in));
+  EXPECT_EQ(large.ss_family, AF_INET);
+  // Each accepted connection carries bytes both ways.
+  for (int server : {short_one, none, third}) {
+    int client = -1;
+    sockaddr_in peer{}, local{};
+    socklen_t l = sizeof peer;
+    ASSERT_EQ(io().getpeername(server, reinterpret_cast<sockaddr*>(&peer), &l), 0);
+    for (int c : clients) {
+      l = sizeof local;
+      ASSERT_EQ(io().getsockname(c, reinterpret_cast<sockaddr*>(&local), &l), 0);
+      if (local.sin_port == peer.sin_port) client = c;
+    }
+    ASSERT_GE(client, 0) << "no client at the accepted connection's peer address";
+    EXPECT_TRUE(write_string(client, "ping"));
+    EXPECT_EQ(read_string(server, 4), "ping");
+    EXPECT_TRUE(write_string(server, "pong"));
+    EXPECT_EQ(read_string(client, 4), "pong");
+    io().close(server);
+  }
+  for (int c : clients) io().close(c);
+  io().close(listener);
+}
+
 TEST_P(Semantics, PollAndSelectReportReadinessOnlyWhenTrue) {
   int c = pair_.client, s = pair_.server;
   pollfd both[2] = {{c, POLLIN | POLLOUT, 0}, {s, POLLIN | POLLOUT, 0}};
