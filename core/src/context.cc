@@ -207,35 +207,41 @@ result<context> context::create(const context_options& options) {
   return context(std::move(p));
 }
 
+namespace {
+struct process_slot {
+  std::mutex mutex;
+  std::weak_ptr<context> held;
+  pid_t owner = 0;
+};
+// Never destroyed: holders may let go in exit handlers after statics.
+process_slot* slot = nullptr;
+pthread_once_t slot_made = PTHREAD_ONCE_INIT;
+// A fork() while another thread made the context (the lock is held for the
+// whole creation) left the child's copy locked for ever: the child starts
+// from a fresh slot (the parent's weak reference is let go of without
+// touching it: it may have been half-written). pthread_once, not a static
+// initializer: a fork() during glibc's once runs it again in the child,
+// where a static's guard would stay taken by a thread that is not there.
+void make_slot() {
+  slot = new process_slot;
+  ::pthread_atfork(nullptr, nullptr, [] { new (slot) process_slot; });
+}
+}  // namespace
+
 result<std::shared_ptr<context>> context::shared() {
-  struct process_slot {
-    std::mutex mutex;
-    std::weak_ptr<context> held;
-    pid_t owner = 0;
-  };
-  // Never destroyed: holders may let go in exit handlers after statics.
-  static process_slot& slot = *new process_slot;
-  // A fork() while another thread made the context (the lock is held for
-  // the whole creation) left the child's copy locked for ever: the child
-  // starts from a fresh slot (the parent's weak reference is let go of
-  // without touching it: it may have been half-written).
-  static const bool fresh_in_child = [] {
-    ::pthread_atfork(nullptr, nullptr, [] { new (&slot) process_slot; });
-    return true;
-  }();
-  (void)fresh_in_child;
-  std::lock_guard lock(slot.mutex);
+  ::pthread_once(&slot_made, make_slot);
+  std::lock_guard lock(slot->mutex);
   const pid_t self = ::getpid();
-  if (slot.owner == self)
-    if (std::shared_ptr<context> ctx = slot.held.lock()) return ctx;
+  if (slot->owner == self)
+    if (std::shared_ptr<context> ctx = slot->held.lock()) return ctx;
   context_options options;
   options.fabric_on_demand = true;
   options.user_key = false;
   auto made = create(options);
   if (!made) return made.error();
   auto ctx = std::make_shared<context>(std::move(*made));
-  slot.held = ctx;
-  slot.owner = self;
+  slot->held = ctx;
+  slot->owner = self;
   return ctx;
 }
 

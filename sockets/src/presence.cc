@@ -8,6 +8,7 @@
 #include <linux/sock_diag.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -112,16 +113,14 @@ struct own_table_state {
   table* mapped = nullptr;
   bool failed = false;
 };
-std::mutex own_mutex;  // made again in a fork() child (see own_table)
+std::mutex own_mutex;  // made again in a fork() child (install_child_handler)
 own_table_state own_state;
 std::atomic<table*> own{nullptr};
 
+void install_child_handler();
+
 table* own_table() {
-  static const bool reset_in_child = [] {
-    ::pthread_atfork(nullptr, nullptr, [] { new (&own_mutex) std::mutex; });
-    return true;
-  }();
-  (void)reset_in_child;
+  install_child_handler();
   const uid_t uid = ::geteuid();
   std::lock_guard lock(own_mutex);
   if (own_state.uid != uid || (!own_state.mapped && !own_state.failed)) {
@@ -220,15 +219,22 @@ std::mutex diag_mutex;
 std::atomic<int> diag_fd{-1};
 std::uint32_t diag_sequence = 0;  // under diag_mutex
 
-int diag_socket_locked() {
-  static const bool reset_in_child = [] {
+// A fork() child starts with unlocked mutexes and no lookup socket of its
+// parent's. pthread_once, not a static initializer: a fork() during glibc's
+// once runs it again in the child, where a static's guard would stay taken
+// by a thread that is not there.
+pthread_once_t child_handler_installed = PTHREAD_ONCE_INIT;
+void install_child_handler() {
+  ::pthread_once(&child_handler_installed, [] {
     ::pthread_atfork(nullptr, nullptr, [] {
+      new (&own_mutex) std::mutex;
       new (&diag_mutex) std::mutex;
       if (int inherited = diag_fd.exchange(-1); inherited >= 0) ::close(inherited);
     });
-    return true;
-  }();
-  (void)reset_in_child;
+  });
+}
+
+int diag_socket_locked() {
   int fd = diag_fd.load();
   if (fd < 0) {
     fd = ::socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
@@ -262,6 +268,7 @@ std::optional<owner> socket_owner(const endpoint& local, const endpoint* remote,
   sockaddr_nl kernel{};
   kernel.nl_family = AF_NETLINK;
   alignas(nlmsghdr) char reply[1024];
+  install_child_handler();
   std::lock_guard lock(diag_mutex);
   const int fd = diag_socket_locked();
   if (fd < 0) return std::nullopt;
