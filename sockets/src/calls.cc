@@ -320,6 +320,7 @@ int accept4(int fd, sockaddr* address, socklen_t* length, int flags) {
     s->fallback_reason.store(fallback::peer_plain);
     s->state.store(phase::plain);
   } else {
+    s->client_vouched.store(peer_here);  // entered, as the test above found
     // Decided by the first call on the connection, in the process that
     // makes it: a server that forks per connection (postgres, sshd) upgrades
     // it in the child that serves. Decided here, in the master, it went

@@ -406,6 +406,9 @@ void discard_protocol_bytes(stream& s) {
 
 void send_offer(stream& s) {
   if (!enabled()) return become_plain(s, fallback::disabled);
+  // Entered (a server on this host, found entered too): the server knows
+  // us from the table and answers without an offer.
+  if (s.presence_cookie.load() != 0) return s.state.store(phase::undecided);
   // No offer byte at all where we would not upgrade: a peer on another host
   // (or a middlebox) never sees one.
   if (!learn_ends(s)) return become_plain(s, fallback::offer_failed);
@@ -413,6 +416,7 @@ void send_offer(stream& s) {
   unsigned char offer = wire::offer_byte;
   if (::send(s.fd, &offer, 1, MSG_OOB | MSG_NOSIGNAL | MSG_DONTWAIT) != 1)
     return become_plain(s, fallback::offer_failed);
+  s.offer_sent.store(true);
   s.state.store(phase::undecided);
 }
 
@@ -429,6 +433,7 @@ bool check_connected(stream& s) {
 
 namespace {
 void decide_locked(stream& s, bool wait_for_first_byte) {
+  if (!s.is_client && s.client_vouched.load()) return accept_offer(s);
   if (wait_for_first_byte) {
     pollfd pfd{s.fd, POLLIN | POLLPRI, 0};
     auto hold = server_hold(s.fd);

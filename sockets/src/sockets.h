@@ -74,6 +74,12 @@ struct stream {
   // Its entry in our user's presence table (a listener, or a client until
   // it has decided), 0 if none (presence.h).
   std::atomic<std::uint64_t> presence_cookie{0};
+  // Server: the client entered itself before it connected (presence.h): it
+  // waits for our answer without an offer byte, which only a client on
+  // another host sends.
+  std::atomic<bool> client_vouched{false};
+  // Client: our offer byte went out (the kernel counts it; vmmc-stat does not).
+  std::atomic<bool> offer_sent{false};
   std::atomic<phase> state{phase::idle};
   // The connection's two ends, asked of the kernel once it connected (at
   // accept, or when the client offers) and kept for every later decision

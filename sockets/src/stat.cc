@@ -328,13 +328,13 @@ bool describe_row(stream& s, page::row& r) {
   r.fallback = static_cast<std::uint8_t>(why);
   r.is_client = s.is_client.load();
   // Our own bytes the kernel counts on a connection that stayed kernel TCP:
-  // the offer this client sent, or the one this server refused.
+  // the offer this client sent, or the one this server took and refused (a
+  // client on this host vouches through the presence table: no byte).
   if (state == page::row_state::tcp) {
-    bool offered = why == fallback::peer_plain || why == fallback::foreign_urgent;
     bool refused =
         why == fallback::refused || why == fallback::no_context || why == fallback::setup_failed;
-    r.protocol_bytes_out = r.is_client && offered ? 1 : 0;
-    r.protocol_bytes_in = !r.is_client && refused ? 1 : 0;
+    r.protocol_bytes_out = r.is_client && s.offer_sent.load() ? 1 : 0;
+    r.protocol_bytes_in = !r.is_client && refused && !s.client_vouched.load() ? 1 : 0;
   }
   std::snprintf(r.path, sizeof r.path, "%s", path.c_str());
   r.in_use = 1;
