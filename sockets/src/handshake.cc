@@ -385,6 +385,9 @@ void discard_protocol_bytes(stream& s) {
   bool raw_done = p == phase::upgraded && raw_prefix_done(s);
   char scratch[4096];
   if (!raw_done) {
+    // A client on this host sent no offer, and its doorbells come only after
+    // its switch (raw_done): nothing of ours can be unread here.
+    if (!s.is_client && s.client_vouched.load()) return;
     // An urgent byte at the head: the peer's offer, or its accept and hello.
     int at_mark = 0;
     if (::ioctl(s.fd, SIOCATMARK, &at_mark) != 0 || !at_mark) return;

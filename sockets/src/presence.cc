@@ -214,7 +214,9 @@ struct owner {
 // child closes its copy (parent's and child's replies would share one
 // queue) and makes its own. A program that closes or overwrites the
 // descriptor (close_range() in a daemon, dup2() onto it) makes us forget
-// it first (descriptor_closing), so a lookup never writes to its file.
+// it first (descriptors_closing), so a lookup never writes to its file.
+// (The socket answers for the network namespace it was made in: a thread
+// that moves to another one with setns() gets answers for the old one.)
 std::mutex diag_mutex;
 std::atomic<int> diag_fd{-1};
 std::uint32_t diag_sequence = 0;  // under diag_mutex
