@@ -304,8 +304,9 @@ std::optional<owner> socket_owner(const endpoint& local, const endpoint* remote,
 // again and again to a plain server (a load generator, a proxy) asks the
 // kernel once a second, not once a connection. A vmmc server that takes the
 // port over meanwhile gets plain connections from us for at most that long
-// (correct, only not accelerated); a listener found entered is asked for
-// every time (one that went plain must never see our offer).
+// (correct, only not accelerated). A listener found entered is asked about
+// every time: its answer decides whether this client waits for a server's
+// answer.
 using clock = std::chrono::steady_clock;
 struct plain_listener {
   endpoint at;

@@ -341,13 +341,12 @@ bool describe_row(stream& s, page::row& r) {
   return true;
 }
 
-// Writes `s`'s row (with the publisher's lock held). `remote`: the address
-// a connect() names, before the kernel can tell it.
-// `s`'s row. Asked by a reader (refresh), it is made whole: the socket's
-// inode (by which the reader tells a live row from a stale one) and both
-// ends. Published as the connection changes, it costs no system call: what
-// the stream knows, and the address the program connected to; the reader's
-// next request completes it (a row without its inode is not shown).
+// Writes `s`'s row (with the publisher's lock held). Asked by a reader
+// (refresh: `ask_kernel`), the row is made whole: the socket's inode (by
+// which a reader tells a live row from a stale one) and both ends. Written
+// as the connection changes, it costs no system call: what the stream
+// knows, and `remote`, the address a connect() names; a refresh, or the
+// reader itself from /proc (stat_reader.cc), completes it.
 void publish_locked(publisher& p, stream& s, const sockaddr* remote, socklen_t remote_length,
                     bool ask_kernel) {
   if (s.closed.load()) return;  // its row went with its last descriptor
