@@ -300,6 +300,14 @@ TEST(SharedContext, OneAProcessWhileHeldOwnInAForkChildAnotherAfter) {
 // lock held for the whole creation) must not leave the child unable to get
 // one: it waited for ever on the copy of the lock.
 TEST(SharedContext, AForkDuringCreationLeavesTheChildAbleToCreateItsOwn) {
+#if defined(__SANITIZE_ADDRESS__)
+  // GCC 12's AddressSanitizer does not hand its allocator's locks over a
+  // fork(): a child forked while the other thread allocates waits in
+  // operator new for ever (seen in CI: gdb shows the child in
+  // SizeClassAllocator64::GetFromAllocator). The default and TSan builds
+  // run this test.
+  GTEST_SKIP() << "AddressSanitizer's allocator is not fork-safe with a second thread allocating";
+#endif
   std::atomic<bool> stop{false};
   std::thread maker([&] {
     while (!stop.load()) {
