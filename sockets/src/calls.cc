@@ -41,6 +41,16 @@ std::chrono::milliseconds timeout_of(const void* value, socklen_t length) {
 // through the call the program made (sockets.h, receive).
 ssize_t receive_vector(stream& s, const iovec* iov, int count, int flags, bool rw = false) {
   if (rw && flags == 0 && kernel_reads(s)) return ::readv(s.fd, iov, count);
+  // Kernel TCP until the connection earns a channel: one kernel call, counted.
+  for (ssize_t n = 0; s.state.load() == phase::deferred && !s.asked.load();) {
+    msghdr m{};
+    m.msg_iov = const_cast<iovec*>(iov);
+    m.msg_iovlen = static_cast<size_t>(count);
+    auto call = [&] {
+      return rw && flags == 0 ? ::readv(s.fd, iov, count) : ::recvmsg(s.fd, &m, flags);
+    };
+    if (deferred_call(s, call, (flags & MSG_PEEK) ? nullptr : &s.tcp_in, n)) return n;
+  }
   ssize_t total = 0;
   for (int i = 0; i < count; ++i) {
     if (iov[i].iov_len == 0) continue;
@@ -57,6 +67,17 @@ ssize_t receive_vector(stream& s, const iovec* iov, int count, int flags, bool r
 // Gather writes go out as one transfer when small enough to copy cheaply.
 ssize_t transmit_vector(stream& s, const iovec* iov, int count, int flags, bool rw = false) {
   if (rw && flags == 0 && kernel_writes(s)) return ::writev(s.fd, iov, count);
+  // Kernel TCP until the connection earns a channel: one kernel call, counted.
+  for (ssize_t n = 0; s.state.load() == phase::deferred;) {
+    answer_before_write(s);
+    msghdr m{};
+    m.msg_iov = const_cast<iovec*>(iov);
+    m.msg_iovlen = static_cast<size_t>(count);
+    auto call = [&] {
+      return rw && flags == 0 ? ::writev(s.fd, iov, count) : ::sendmsg(s.fd, &m, flags);
+    };
+    if (s.state.load() == phase::deferred && deferred_call(s, call, &s.tcp_out, n)) return n;
+  }
   size_t total = 0;
   for (int i = 0; i < count; ++i) total += iov[i].iov_len;
   if (total <= 256 * 1024) {
@@ -207,15 +228,18 @@ void enter_listener(stream& s) {
   s.presence_cookie.store(presence::enter(s.fd));
 }
 
-// A client whose connection stays on this host offers the upgrade only to
-// a listener that is entered (so a plain server never sees our offer), and
-// enters itself first (so the server knows it from a plain client at
-// accept). Otherwise it stays plain, deciding nothing later.
+// A client whose connection stays on this host enters its socket in the
+// presence table before it connects (so the server can tell it from a plain
+// client) and asks for the upgrade only once the connection earned a
+// channel (handshake.cc), and only of a listener that is entered: nothing
+// is looked up now. With VMMC_SOCKETS_UPGRADE_AFTER=0 it asks at once, so
+// the server answers at its first call.
 void enter_client(stream& s, const sockaddr* address, socklen_t length) {
   bool sized = (address->sa_family == AF_INET && length >= sizeof(sockaddr_in)) ||
                (address->sa_family == AF_INET6 && length >= sizeof(sockaddr_in6));
   if (!sized || !enabled() || !peer_on_this_host(address)) return;  // other hosts: route.cc
-  if (!presence::listener_entered(address, length)) {
+  const bool at_once = upgrade_after() == 0;
+  if (at_once && !presence::listener_entered(address, length)) {
     s.fallback_reason.store(fallback::peer_plain);
     s.state.store(phase::plain);
     return;
@@ -225,6 +249,12 @@ void enter_client(stream& s, const sockaddr* address, socklen_t length) {
   if (cookie == 0) {
     s.fallback_reason.store(fallback::setup_failed);
     s.state.store(phase::plain);
+    return;
+  }
+  s.ask_later.store(true);
+  if (at_once) {
+    presence::ask(cookie);
+    s.asked.store(true);
   }
 }
 
@@ -312,20 +342,17 @@ int accept4(int fd, sockaddr* address, socklen_t* length, int flags) {
     s->fallback_reason.store(*why);
     s->state.store(phase::plain);
     log(3, "fd %d: plain TCP (%s)", client, fallback_text(*why).data());
-  } else if (peer_here &&
-             !presence::peer_entered(local_address, local_length, peer_address, peer_length)) {
-    // A client on this host that runs no vmmc (presence.h): it never sees
-    // a byte of ours, and a server that speaks first never waits for it.
-    // (On another host only the in-band offer can tell, see route.cc.)
-    s->fallback_reason.store(fallback::peer_plain);
-    s->state.store(phase::plain);
+  } else if (peer_here) {
+    // A client on this host asks once its connection has earned a channel;
+    // until then neither end puts a byte of ours on the wire or makes a
+    // system call for it. The first call to look for the ask (look_for_ask)
+    // is made by the process that serves the connection: a server that
+    // forks per connection (postgres, sshd) upgrades it in the child.
+    s->next_look.store(upgrade_after());
+    s->state.store(phase::deferred);
   } else {
-    s->client_vouched.store(peer_here);  // entered, as the test above found
-    // Decided by the first call on the connection, in the process that
-    // makes it: a server that forks per connection (postgres, sshd) upgrades
-    // it in the child that serves. Decided here, in the master, it went
-    // back to TCP at the fork, and the child served it slower than plain
-    // TCP (pgbench against postgres, both preloaded: 0.85x).
+    // A client on another host offers in-band: decided by the first call,
+    // in the process that makes it (as above).
     s->state.store(phase::undecided);
   }
   stat_publish(*s, true);
@@ -355,7 +382,9 @@ int connect(int fd, const sockaddr* address, socklen_t length) {
     errno = saved;
     return r;
   }
-  if (r == 0) {
+  // On this host nothing happens until the connection earns a channel: no
+  // look at it while it connects either.
+  if (r == 0 || (s->ask_later.load() && (saved == EINPROGRESS || saved == EINTR))) {
     send_offer(*s);
   } else if (saved == EINPROGRESS || saved == EINTR) {
     s->state.store(phase::connecting);
@@ -381,6 +410,11 @@ int close(int fd) {
           !s->write_shut.load()) {
         std::lock_guard lock(s->write_mutex);
         (void)s->chan->close_write();
+      }
+      // Our answer to a client's ask, whole, before the end of the stream.
+      if (s->state.load() == phase::upgraded && !s->is_client.load()) {
+        std::lock_guard lock(s->write_mutex);
+        (void)flush_answer(*s, false);
       }
       // (A socket shared since fork() may live on in another process: only
       // the kernel knows which close is the last, so what the kernel holds
@@ -654,24 +688,45 @@ ssize_t sendfile(int out_fd, int in_fd, off_t* offset, size_t count) {
   detail::api_call entered;
   stream_ptr s = managed(out_fd);
   if (!s) return ::sendfile(out_fd, in_fd, offset, count);
+  // Kernel TCP until the connection earns a channel: the kernel's sendfile,
+  // counted like a write, in pieces, so that a large file moves on to the
+  // channel once the connection has one.
+  size_t done = 0;
+  for (ssize_t n = 0; done < count && s->state.load() == phase::deferred;) {
+    answer_before_write(*s);
+    const size_t piece = std::min<size_t>(count - done, 256 << 10);
+    auto call = [&] { return ::sendfile(out_fd, in_fd, offset, piece); };
+    if (s->state.load() != phase::deferred || !deferred_call(*s, call, &s->tcp_out, n)) continue;
+    if (n <= 0) return done > 0 ? static_cast<ssize_t>(done) : n;
+    done += static_cast<size_t>(n);
+    if (static_cast<size_t>(n) < piece) return static_cast<ssize_t>(done);
+  }
+  if (done == count) return static_cast<ssize_t>(done);
+  auto more = [&](ssize_t n) {
+    if (n < 0) return done > 0 ? static_cast<ssize_t>(done) : n;
+    return static_cast<ssize_t>(done + static_cast<size_t>(n));
+  };
+  if (s->state.load() == phase::plain && !s->stash)
+    return more(::sendfile(out_fd, in_fd, offset, count - done));
+  count -= done;
   // Read at an explicit position, so that bytes the socket did not take are
   // not consumed from the file either.
   off_t at = offset ? *offset : ::lseek(in_fd, 0, SEEK_CUR);
-  if (at < 0) return -1;
+  if (at < 0) return more(-1);
   thread_local std::vector<char> chunk(1 << 18);
-  size_t done = 0;
-  while (done < count) {
-    ssize_t got = ::pread(in_fd, chunk.data(), std::min(chunk.size(), count - done), at);
+  size_t moved = 0;
+  while (moved < count) {
+    ssize_t got = ::pread(in_fd, chunk.data(), std::min(chunk.size(), count - moved), at);
     if (got <= 0) {
-      if (got < 0 && done == 0) return -1;
+      if (got < 0 && moved == 0) return more(-1);
       break;
     }
     ssize_t sent = transmit(*s, chunk.data(), static_cast<size_t>(got), 0);
     if (sent <= 0) {
-      if (done == 0) return -1;
+      if (moved == 0) return more(-1);
       break;
     }
-    done += static_cast<size_t>(sent);
+    moved += static_cast<size_t>(sent);
     at += sent;
     if (sent < got) break;
   }
@@ -680,7 +735,7 @@ ssize_t sendfile(int out_fd, int in_fd, off_t* offset, size_t count) {
   } else {
     ::lseek(in_fd, at, SEEK_SET);
   }
-  return static_cast<ssize_t>(done);
+  return more(static_cast<ssize_t>(moved));
 }
 
 int recvmmsg(int fd, mmsghdr* messages, unsigned int count, int flags, timespec* timeout) {

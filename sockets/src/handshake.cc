@@ -153,34 +153,49 @@ core::context* context_for(stream& s) {
   return ctx;
 }
 
-// Server: the client offered; answer with accept + hello frame.
-void accept_offer(stream& s) {
-  // The limit is asked of the kernel (the program may raise its descriptor
-  // limit) only when the count nears the last answer.
+// The server's channel for a client that offered or asked, holding an
+// awaiting slot; nullopt (and why) if it cannot make one. The limit is asked
+// of the kernel (the program may raise its descriptor limit) only when the
+// count nears the last answer.
+std::optional<redirect::channel> server_channel(stream& s, fallback& why) {
   static std::atomic<int> limit{64};
   if (const int awaiting = awaiting_client.fetch_add(1);
       awaiting >= limit.load(std::memory_order_relaxed) &&
       awaiting >= (limit = max_awaiting_client())) {
     awaiting_client.fetch_sub(1);
-    return become_plain(s, fallback::refused);
+    why = fallback::refused;
+    return std::nullopt;
   }
   s.awaiting_slot.store(true);
   core::context* ctx = context_for(s);
   if (!ctx) {
     release_awaiting_slot(s);
-    return become_plain(s, fallback::no_context);
+    why = fallback::no_context;
+    return std::nullopt;
   }
   auto chan = redirect::channel::create(*ctx, channel_options_for(s));
   if (!chan) {
     release_awaiting_slot(s);
     log(1, "fd %d: channel: %s", s.fd.load(), chan.error().message().c_str());
-    return become_plain(s, fallback::setup_failed);
+    why = fallback::setup_failed;
+    return std::nullopt;
   }
-  std::string descriptor = chan->descriptor();
+  return std::move(*chan);
+}
+
+std::string hello_message(const std::string& descriptor) {
   wire::hello_frame frame{wire::hello_magic, wire::version,
                           static_cast<std::uint16_t>(descriptor.size())};
-  std::string message(reinterpret_cast<const char*>(&frame), sizeof frame);
-  message += descriptor;
+  return std::string(reinterpret_cast<const char*>(&frame), sizeof frame) + descriptor;
+}
+
+// Server: a client on another host offered; answer at once (nothing of the
+// application's is on the connection yet) with accept + hello frame.
+void accept_offer(stream& s) {
+  fallback why = fallback::none;
+  auto chan = server_channel(s, why);
+  if (!chan) return become_plain(s, why);
+  std::string message = hello_message(chan->descriptor());
   unsigned char accept = wire::accept_byte;
   if (!send_all(s.fd, &accept, 1, MSG_OOB) || !send_all(s.fd, message.data(), message.size(), 0)) {
     // The connection is broken; kernel calls will report it.
@@ -191,10 +206,43 @@ void accept_offer(stream& s) {
   log(3, "fd %d: client offered VMMC; hello sent", s.fd.load());
 }
 
-// The hello frame that follows the server's accept byte.
+// Server, with setup_mutex held and no call in the kernel: a client on this
+// host asked. The answer goes mid-stream, between the application's bytes:
+// the accept byte only if the kernel takes it now (else at a later call),
+// then the hello frame naming our channel, or an empty one if we cannot
+// serve it (it stays kernel TCP). What of the frame the kernel does not
+// take now is sent before any later byte of ours (answer_rest): the
+// application's call never waits for the client here.
+void answer_ask(stream& s) {
+  unsigned char accept = wire::accept_byte;
+  if (::send(s.fd, &accept, 1, MSG_OOB | MSG_NOSIGNAL | MSG_DONTWAIT) != 1) return;
+  fallback why = fallback::none;
+  auto chan = server_channel(s, why);
+  std::string message = hello_message(chan ? chan->descriptor() : std::string());
+  ssize_t sent = ::send(s.fd, message.data(), message.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  s.answer_rest = message.substr(static_cast<std::size_t>(std::max<ssize_t>(sent, 0)));
+  if (!chan) {
+    log(3, "fd %d: client asked for VMMC; declined", s.fd.load());
+    if (!s.answer_rest.empty() && !send_all(s.fd, s.answer_rest.data(), s.answer_rest.size(), 0))
+      return fail_connection(s, "the answer could not be sent");
+    s.answer_rest.clear();
+    return become_plain(s, why);
+  }
+  s.chan = std::make_unique<redirect::channel>(std::move(*chan));
+  s.state.store(phase::upgraded);
+  log(3, "fd %d: client asked for VMMC; hello sent", s.fd.load());
+}
+
+// The hello frame that follows the server's accept byte; an empty
+// descriptor if it declined (a server on this host that cannot serve us).
 bool read_hello_frame(int fd, std::string& descriptor) {
   wire::hello_frame frame{};
-  if (!receive_exactly(fd, &frame, sizeof frame) || !hello_frame_ok(frame)) return false;
+  if (!receive_exactly(fd, &frame, sizeof frame)) return false;
+  if (frame.length == 0) {
+    descriptor.clear();
+    return frame.magic == wire::hello_magic && frame.version == wire::version;
+  }
+  if (!hello_frame_ok(frame)) return false;
   descriptor.resize(frame.length);
   return receive_exactly(fd, descriptor.data(), descriptor.size());
 }
@@ -220,14 +268,6 @@ void make_channel(stream& s) {
   stat_publish(s);
 }
 
-// VMMC_SOCKETS_UPGRADE_AFTER, read once: the calls a client connection makes
-// on kernel TCP before its channel (0: the channel at once).
-std::uint32_t upgrade_after() {
-  static const auto calls = static_cast<std::uint32_t>(
-      std::max<std::int64_t>(0, core::setting_integer(settings::upgrade_after)));
-  return calls;
-}
-
 // Client: the server accepted; read its hello frame. Our channel comes at
 // once only if the setting says so; else once the connection earns it.
 void take_accept(stream& s) {
@@ -237,6 +277,7 @@ void take_accept(stream& s) {
     // and the bytes it sent cannot be given back. Fail the connection.
     return fail_connection(s, "malformed hello after the accept byte");
   }
+  if (descriptor.empty()) return become_plain(s, fallback::refused);
   s.peer_descriptor = std::move(descriptor);
   log(3, "fd %d: server accepted VMMC", s.fd.load());
   if (upgrade_after() == 0) return make_channel(s);
@@ -250,18 +291,74 @@ void take_accept(stream& s) {
 // some 16 kernel TCP calls here or of 256 KiB through loopback. A
 // connection that makes fewer calls and closes never pays it (issue 14,
 // item 5); one that goes on pays at most about twice what it would have.
+constexpr std::uint64_t earning_bytes = 256 << 10;
 bool earned(const stream& s) {
-  constexpr std::uint64_t bytes = 256 << 10;
   return s.tcp_calls.load(std::memory_order_relaxed) >= upgrade_after() ||
          s.tcp_in.load(std::memory_order_relaxed) + s.tcp_out.load(std::memory_order_relaxed) >=
-             bytes;
+             earning_bytes;
+}
+
+// Client on this host, with setup_mutex held: asks for the upgrade of a
+// connection that earned it, if the server runs vmmc: its listener is
+// entered, or, where it has none any more, its own socket (entered by the
+// server at its first look at ours). Else we would watch for an answer that
+// never comes. The ask is a mark on our socket's entry in the presence
+// table: no byte on the connection. The answer comes in-band, wherever the
+// server is in its stream when it looks (watched_receive).
+void ask_locked(stream& s) {
+  auto stay = [&](fallback why) {
+    presence::remove(s.presence_cookie.exchange(0));
+    become_plain(s, why);
+  };
+  if (s.write_shut.load() || s.shared.load())
+    return stay(s.write_shut.load() ? fallback::none : fallback::reverted);
+  if (s.presence_cookie.load() == 0) return stay(fallback::setup_failed);
+  const std::uint32_t calls = s.tcp_calls.load();
+  if (calls < s.next_look.load()) return;
+  if (!learn_ends(s)) return stay(fallback::offer_failed);
+  const auto* server = reinterpret_cast<const sockaddr*>(&s.peer_end);
+  const auto* local = reinterpret_cast<const sockaddr*>(&s.local_end);
+  const socklen_t length =
+      server->sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+  switch (presence::listener_at(server, length)) {
+    case presence::listener::plain:
+      return stay(fallback::peer_plain);
+    case presence::listener::entered:
+      break;
+    case presence::listener::none: {
+      auto theirs = presence::peer_socket(local, length, server, length);
+      if (theirs && presence::entry_of(*theirs) != presence::entry::absent) break;
+      // Not yet: looked for again after 1, 2, 4 ... 64 more calls, 8 times.
+      constexpr std::uint32_t looks = 8;
+      const std::uint32_t gap = 1u << std::min(s.looks_made++, 6u);
+      if (s.looks_made > looks) return stay(fallback::peer_plain);
+      s.next_look.store(calls + gap);
+      return;
+    }
+  }
+  presence::ask(s.presence_cookie.load());
+  s.asked.store(true);
+  stat_publish(s);
+  log(3, "fd %d: asked the server for VMMC (%u calls, %llu bytes)", s.fd.load(), s.tcp_calls.load(),
+      static_cast<unsigned long long>(s.tcp_in.load() + s.tcp_out.load()));
 }
 
 // Leaves the deferred phase if no call is in the kernel (else a later call
 // does): for a channel, or for kernel TCP where a channel can never be used.
+// A client on this host without the server's answer asks for it first.
 void earn_channel(stream& s) {
   std::unique_lock setup(s.setup_mutex, std::try_to_lock);
-  if (!setup || s.state.load() != phase::deferred) return;
+  if (!setup || s.state.load() != phase::deferred || !s.is_client.load()) return;
+  if (s.peer_descriptor.empty()) {
+    // Asked, the server's answer may come at any byte: a read already in
+    // the kernel (another thread's) would take it for data. So only with
+    // none there, as for the channel below.
+    if (s.asked.load()) return;
+    s.upgrade_claimed.store(true);
+    if (s.in_kernel.load() == 0) ask_locked(s);
+    s.upgrade_claimed.store(false);
+    return;
+  }
   s.upgrade_claimed.store(true);
   if (s.in_kernel.load() == 0) {
     log(3, "fd %d: earned a channel (%u calls, %llu bytes)", s.fd.load(), s.tcp_calls.load(),
@@ -273,10 +370,106 @@ void earn_channel(stream& s) {
   }
   s.upgrade_claimed.store(false);
 }
+
+// Server on this host: whether the client asked. The first look, once the
+// connection made VMMC_SOCKETS_UPGRADE_AFTER calls (or moved 256 KiB),
+// finds the client's socket (sock_diag): not entered, it runs no vmmc and
+// the connection stays kernel TCP for good. Entered, every later call looks
+// at its entry (a load) until it asks. A connection that ends sooner costs
+// nothing. The answer goes between two calls of ours, with none in the
+// kernel, and only while the client has not closed (it would get a reset).
+void look_for_ask(stream& s) {
+  std::unique_lock setup(s.setup_mutex, std::try_to_lock);
+  if (!setup || s.state.load() != phase::deferred || s.is_client.load()) return;
+  const std::uint32_t calls = s.tcp_calls.load();
+  if (calls < s.next_look.load()) return;
+  s.next_look.store(calls + 1);
+  const bool first = !s.client_socket;
+  if (first) {
+    if (!learn_ends(s)) return become_plain(s, fallback::offer_failed);
+    const auto* local = reinterpret_cast<const sockaddr*>(&s.local_end);
+    const auto* peer = reinterpret_cast<const sockaddr*>(&s.peer_end);
+    const socklen_t length =
+        peer->sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+    s.client_socket = presence::peer_socket(local, length, peer, length);
+    if (!s.client_socket) return become_plain(s, fallback::peer_plain);
+  }
+  const presence::entry e = presence::entry_of(*s.client_socket);
+  if (e == presence::entry::absent) return become_plain(s, fallback::peer_plain);
+  // A client whose listener is gone when it asks finds us by this socket.
+  if (first) s.presence_cookie.store(presence::enter(s.fd));
+  if (e != presence::entry::asking) return;
+  // A client that closed would answer our bytes with a reset.
+  pollfd closed{s.fd, POLLRDHUP, 0};
+  if (::poll(&closed, 1, 0) != 0) return;
+  s.upgrade_claimed.store(true);
+  if (s.in_kernel.load() == 0) {
+    s.client_vouched.store(true);
+    s.inherited.store(false);  // a fork() child serving it: the channel is its own
+    answer_ask(s);
+  }
+  s.upgrade_claimed.store(false);
+}
+
+// Client on this host, after its ask: takes the server's answer at the
+// urgent mark (its accept byte, urgent or inline where the program reads
+// urgent bytes inline, then its hello frame). False if the byte at the mark
+// is not ours (the server program's own urgent byte: left to the program).
+bool take_answer(stream& s) {
+  std::unique_lock setup(s.setup_mutex);
+  if (s.state.load() != phase::deferred || !s.asked.load()) return false;
+  unsigned char urgent = 0;
+  int oob = MSG_OOB;
+  ssize_t got = ::recv(s.fd, &urgent, 1, MSG_OOB | MSG_PEEK | MSG_DONTWAIT);
+  int urgent_inline = 0;
+  socklen_t length = sizeof urgent_inline;
+  if (got < 0 && errno == EINVAL &&
+      ::getsockopt(s.fd, SOL_SOCKET, SO_OOBINLINE, &urgent_inline, &length) == 0 && urgent_inline) {
+    oob = 0;
+    got = ::recv(s.fd, &urgent, 1, MSG_PEEK | MSG_DONTWAIT);
+  }
+  if (got != 1 || urgent != wire::accept_byte) return false;
+  (void)::recv(s.fd, &urgent, 1, oob | MSG_DONTWAIT);
+  // Still asked while the frame is read: a reader that comes meanwhile
+  // waits (watched_receive), never takes the frame for data.
+  std::string descriptor;
+  const bool framed = read_hello_frame(s.fd, descriptor);
+  presence::remove(s.presence_cookie.exchange(0));
+  if (!framed) {
+    fail_connection(s, "malformed hello after the accept byte");
+    s.asked.store(false);
+    return true;
+  }
+  if (descriptor.empty()) {
+    log(3, "fd %d: the server declined VMMC", s.fd.load());
+    become_plain(s, fallback::refused);
+    s.asked.store(false);
+    return true;
+  }
+  s.peer_descriptor = std::move(descriptor);
+  s.asked.store(false);
+  log(3, "fd %d: server accepted VMMC", s.fd.load());
+  setup.unlock();
+  earn_channel(s);  // now, unless a call is in the kernel (then at its end)
+  if (s.state.load() == phase::upgraded) advance_upgrade(s);
+  return true;
+}
 }  // namespace
+
+std::uint32_t upgrade_after() {
+  static const auto calls = static_cast<std::uint32_t>(
+      std::max<std::int64_t>(0, core::setting_integer(settings::upgrade_after)));
+  return calls;
+}
 
 bool deferred_call(stream& s, core::function_ref<ssize_t()> call,
                    std::atomic<std::uint64_t>* counter, ssize_t& result) {
+  const bool server = !s.is_client.load(std::memory_order_relaxed);
+  if (server &&
+      s.tcp_calls.load(std::memory_order_relaxed) >= s.next_look.load(std::memory_order_relaxed)) {
+    look_for_ask(s);
+    if (s.state.load() != phase::deferred) return false;
+  }
   s.in_kernel.fetch_add(1);
   if (s.upgrade_claimed.load() || s.state.load() != phase::deferred) {
     s.in_kernel.fetch_sub(1);
@@ -286,11 +479,16 @@ bool deferred_call(stream& s, core::function_ref<ssize_t()> call,
   result = call();
   const int error = errno;
   if (result > 0 && counter) {
+    const std::uint64_t before =
+        s.tcp_in.load(std::memory_order_relaxed) + s.tcp_out.load(std::memory_order_relaxed);
     *counter += static_cast<std::uint64_t>(result);
-    s.tcp_calls.fetch_add(1, std::memory_order_relaxed);
+    const std::uint32_t calls = s.tcp_calls.fetch_add(1, std::memory_order_relaxed) + 1;
+    // A server looks at once when the bytes alone earned the channel.
+    if (server && before < earning_bytes && before + result >= earning_bytes)
+      s.next_look.store(std::min(s.next_look.load(), calls));
   }
   s.in_kernel.fetch_sub(1);
-  if (result > 0 && counter && earned(s)) {
+  if (result > 0 && counter && !server && earned(s)) {
     earn_channel(s);
     if (s.state.load() == phase::upgraded) advance_upgrade(s);  // our hello, if no writer is busy
   }
@@ -298,10 +496,64 @@ bool deferred_call(stream& s, core::function_ref<ssize_t()> call,
   return true;
 }
 
+bool watched_receive(stream& s, void* buffer, size_t length, int flags, ssize_t& result) {
+  std::unique_lock reading(s.read_mutex);
+  if (!s.asked.load()) return false;
+  // Peek, then look whether the kernel's head is the urgent mark: a recv()
+  // that starts at the mark steps over the accept byte and hands out the
+  // hello frame behind it as data; a peek shows what a recv() would take.
+  ssize_t n = 0;
+  auto peek = [&] { return ::recv(s.fd, buffer, length, (flags & ~MSG_WAITALL) | MSG_PEEK); };
+  if (!deferred_call(s, peek, nullptr, n)) return false;
+  if (n < 0) {
+    result = -1;
+    return true;
+  }
+  int at_mark = 0;
+  if (::ioctl(s.fd, SIOCATMARK, &at_mark) == 0 && at_mark && take_answer(s)) return false;
+  if (n == 0 || (flags & MSG_PEEK)) {
+    result = n;
+    return true;
+  }
+  auto take = [&] { return ::recv(s.fd, buffer, static_cast<size_t>(n), MSG_DONTWAIT); };
+  return deferred_call(s, take, &s.tcp_in, result);
+}
+
+void answer_before_write(stream& s) {
+  if (!s.asked.load()) return;
+  std::unique_lock reading(s.read_mutex, std::try_to_lock);  // else the reader takes it
+  int at_mark = 0;
+  if (reading && s.asked.load() && ::ioctl(s.fd, SIOCATMARK, &at_mark) == 0 && at_mark)
+    (void)take_answer(s);
+}
+
+bool flush_answer(stream& s, bool no_wait) {
+  if (s.answer_rest.empty()) return true;
+  ssize_t sent =
+      ::send(s.fd, s.answer_rest.data(), s.answer_rest.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  if (sent > 0) s.answer_rest.erase(0, static_cast<std::size_t>(sent));
+  if (s.answer_rest.empty()) return true;
+  if (no_wait) {
+    errno = EAGAIN;
+    return false;
+  }
+  if (send_all(s.fd, s.answer_rest.data(), s.answer_rest.size(), 0)) {
+    s.answer_rest.clear();
+    return true;
+  }
+  s.answer_rest.clear();
+  fail_connection(s, "the answer could not be sent");
+  errno = EPROTO;
+  return false;
+}
+
 void stay_on_tcp(stream& s) {
-  if (s.state.load() != phase::deferred) return;
+  // A server's connection stays as it is: the process that serves it after
+  // fork() answers the client's ask. A client that asked keeps watching for
+  // the answer (then stays on TCP, see earn_channel).
+  if (s.state.load() != phase::deferred || !s.is_client.load() || s.asked.load()) return;
   std::lock_guard setup(s.setup_mutex);
-  if (s.state.load() == phase::deferred) become_plain(s, fallback::reverted);
+  if (s.state.load() == phase::deferred && !s.asked.load()) become_plain(s, fallback::reverted);
 }
 
 // A doorbell byte does not say whether it is for the reader (data) or the
@@ -380,13 +632,24 @@ void reopen_records(stream& s) {
 // bytes still unread are left alone: for those the reset is the kernel's.
 void discard_protocol_bytes(stream& s) {
   phase p = s.state.load();
+  if (p == phase::deferred && s.is_client.load() && s.asked.load()) {
+    // The server's answer to our ask, if it is at the head.
+    int at_mark = 0;
+    if (::ioctl(s.fd, SIOCATMARK, &at_mark) == 0 && at_mark) {
+      unsigned char urgent = 0;
+      std::string ignored;
+      if (::recv(s.fd, &urgent, 1, MSG_OOB | MSG_DONTWAIT) == 1 && urgent == wire::accept_byte)
+        (void)read_hello_frame(s.fd, ignored);
+    }
+    return;
+  }
   if (p != phase::upgraded && p != phase::undecided) return;
   if (p == phase::upgraded && s.in_switched.load() && input_on_tcp(s)) return;  // all data again
   bool raw_done = p == phase::upgraded && raw_prefix_done(s);
   char scratch[4096];
   if (!raw_done) {
-    // A client on this host sent no offer, and its doorbells come only after
-    // its switch (raw_done): nothing of ours can be unread here.
+    // A client on this host asked without a byte, and its doorbells come
+    // only after its switch (raw_done): nothing of ours can be unread here.
     if (!s.is_client && s.client_vouched.load()) return;
     // An urgent byte at the head: the peer's offer, or its accept and hello.
     int at_mark = 0;
@@ -409,9 +672,9 @@ void discard_protocol_bytes(stream& s) {
 
 void send_offer(stream& s) {
   if (!enabled()) return become_plain(s, fallback::disabled);
-  // Entered (a server on this host, found entered too): the server knows
-  // us from the table and answers without an offer.
-  if (s.presence_cookie.load() != 0) return s.state.store(phase::undecided);
+  // On this host we ask once the connection earned it (earn_channel),
+  // without a byte; with VMMC_SOCKETS_UPGRADE_AFTER=0 we asked already.
+  if (s.ask_later.load()) return s.state.store(phase::deferred);
   // No offer byte at all where we would not upgrade: a peer on another host
   // (or a middlebox) never sees one.
   if (!learn_ends(s)) return become_plain(s, fallback::offer_failed);
@@ -436,7 +699,6 @@ bool check_connected(stream& s) {
 
 namespace {
 void decide_locked(stream& s, bool wait_for_first_byte) {
-  if (!s.is_client && s.client_vouched.load()) return accept_offer(s);
   if (wait_for_first_byte) {
     pollfd pfd{s.fd, POLLIN | POLLPRI, 0};
     auto hold = server_hold(s.fd);
@@ -474,9 +736,6 @@ void try_decide(stream& s, bool wait_for_first_byte) {
   // is this process's own.
   s.inherited.store(false);
   decide_locked(s, wait_for_first_byte);
-  // The server looked for our entry when it accepted, before it answered.
-  if (s.is_client && s.state.load() != phase::undecided)
-    presence::remove(s.presence_cookie.exchange(0));
 }
 
 bool learn_peer_raw(stream& s) {

@@ -337,6 +337,7 @@ ssize_t receive(stream& s, void* buffer, size_t length, int flags, bool rw) {
   }
   // Every raw byte counts: the peer's switch is at a byte count.
   for (ssize_t n = 0; p == phase::deferred; p = s.state.load()) {
+    if (s.asked.load() && watched_receive(s, buffer, length, flags, n)) return n;
     auto call = [&] { return kernel_read(s.fd, buffer, length, flags, rw); };
     if (deferred_call(s, call, (flags & MSG_PEEK) ? nullptr : &s.tcp_in, n)) return n;
   }
@@ -392,6 +393,8 @@ ssize_t transmit(stream& s, const void* buffer, size_t length, int flags, bool r
     p = s.state.load();
   }
   for (ssize_t n = 0; p == phase::deferred; p = s.state.load()) {
+    answer_before_write(s);
+    if (s.state.load() != phase::deferred) continue;
     auto call = [&] { return kernel_write(s.fd, buffer, length, flags, rw); };
     if (deferred_call(s, call, &s.tcp_out, n)) return n;
   }
@@ -407,6 +410,7 @@ ssize_t transmit(stream& s, const void* buffer, size_t length, int flags, bool r
   if (s.out_reverted.load()) return kernel_write(s.fd, buffer, length, flags, rw);
   if (peer_ready(s)) place_hello_locked(s);
   if (!s.out_switched.load()) {
+    if (!flush_answer(s, wants_no_wait(s, flags))) return -1;
     ssize_t n = ::send(s.fd, buffer, length, flags);
     if (n > 0) s.tcp_out += static_cast<std::uint64_t>(n);
     // A hello that became due while we wrote goes now, with the final count.

@@ -27,14 +27,15 @@
 namespace vmmc::sockets::detail::presence {
 namespace {
 
-// --- The table: 2048 buckets of 8 slots, a slot a cookie and the pid that
-// entered it (to take over slots of dead processes when a bucket is full).
+// --- The table: 2048 buckets of 8 slots, a slot a cookie, the pid that
+// entered it (to take over slots of dead processes when a bucket is full)
+// and whether it asks for the upgrade.
 constexpr std::uint64_t table_magic = 0x31434e4553455250;  // "PRESENC1"
 constexpr std::uint32_t bucket_count = 2048, slots_per_bucket = 8;
 struct slot {
   std::atomic<std::uint64_t> cookie;
   std::atomic<std::int32_t> pid;
-  std::uint32_t unused;
+  std::atomic<std::uint32_t> asking;
 };
 struct table {
   std::uint64_t magic;
@@ -119,6 +120,14 @@ std::atomic<table*> own{nullptr};
 
 void install_child_handler();
 
+// getpid() once per process (fork() children again, install_child_handler).
+std::atomic<std::int32_t> cached_pid{0};
+std::int32_t own_pid() {
+  std::int32_t pid = cached_pid.load(std::memory_order_relaxed);
+  if (pid == 0) cached_pid.store(pid = ::getpid(), std::memory_order_relaxed);
+  return pid;
+}
+
 table* own_table() {
   install_child_handler();
   const uid_t uid = ::geteuid();
@@ -162,14 +171,15 @@ const table* table_of(uid_t uid, bool& unmap) {
   return t;
 }
 
-bool entered(uid_t uid, std::uint64_t cookie) {
+entry entry_in(uid_t uid, std::uint64_t cookie) {
   bool unmap = false;
   const table* t = cookie == 0 ? nullptr : table_of(uid, unmap);
-  if (!t) return false;
+  if (!t) return entry::absent;
   slot* b = bucket_of(*t, cookie);
-  bool found = false;
-  for (std::uint32_t i = 0; i < slots_per_bucket && !found; ++i)
-    found = b[i].cookie.load(std::memory_order_acquire) == cookie;
+  entry found = entry::absent;
+  for (std::uint32_t i = 0; i < slots_per_bucket && found == entry::absent; ++i)
+    if (b[i].cookie.load(std::memory_order_acquire) == cookie)
+      found = b[i].asking.load(std::memory_order_acquire) ? entry::asking : entry::entered;
   if (unmap) ::munmap(const_cast<table*>(t), sizeof(table));
   return found;
 }
@@ -204,10 +214,7 @@ std::optional<endpoint> endpoint_of(const sockaddr* a, socklen_t length) {
   return e;
 }
 
-struct owner {
-  uid_t uid;
-  std::uint64_t cookie;
-};
+using owner = socket_id;
 
 // One netlink socket per process, made at its first lookup and kept: a
 // socket and a close per connection cost more than the lookup. A fork()
@@ -231,6 +238,7 @@ void install_child_handler() {
     ::pthread_atfork(nullptr, nullptr, [] {
       new (&own_mutex) std::mutex;
       new (&diag_mutex) std::mutex;
+      cached_pid.store(0, std::memory_order_relaxed);
       if (int inherited = diag_fd.exchange(-1); inherited >= 0) ::close(inherited);
     });
   });
@@ -343,7 +351,7 @@ std::uint64_t enter(int fd) {
   socklen_t length = sizeof cookie;
   if (!t || ::getsockopt(fd, SOL_SOCKET, SO_COOKIE, &cookie, &length) != 0 || cookie == 0) return 0;
   slot* b = bucket_of(*t, cookie);
-  const std::int32_t pid = ::getpid();
+  const std::int32_t pid = own_pid();
   for (int round = 0; round < 2; ++round) {
     for (std::uint32_t i = 0; i < slots_per_bucket; ++i) {
       std::uint64_t seen = b[i].cookie.load();
@@ -355,6 +363,7 @@ std::uint64_t enter(int fd) {
         free = holder > 0 && holder != pid && ::kill(holder, 0) != 0 && errno == ESRCH;
       }
       if (free && b[i].cookie.compare_exchange_strong(seen, cookie)) {
+        b[i].asking.store(0);
         b[i].pid.store(pid);
         return cookie;
       }
@@ -362,6 +371,14 @@ std::uint64_t enter(int fd) {
   }
   log(2, "fd %d: presence table full; this socket is not entered", fd);
   return 0;
+}
+
+void ask(std::uint64_t cookie) {
+  table* t = own.load(std::memory_order_acquire);
+  if (!t || cookie == 0) return;
+  slot* b = bucket_of(*t, cookie);
+  for (std::uint32_t i = 0; i < slots_per_bucket; ++i)
+    if (b[i].cookie.load() == cookie) b[i].asking.store(1, std::memory_order_release);
 }
 
 void remove(std::uint64_t cookie) {
@@ -374,14 +391,19 @@ void remove(std::uint64_t cookie) {
   }
 }
 
-bool listener_entered(const sockaddr* address, socklen_t length) {
+listener listener_at(const sockaddr* address, socklen_t length) {
   auto to = endpoint_of(address, length);
-  if (!to || known_plain(*to)) return false;
-  auto listener = socket_owner(*to, nullptr, 1 << TCP_LISTEN);
-  if (!listener) return false;  // none there now: the connection will say
-  if (entered(listener->uid, listener->cookie)) return true;
+  if (!to) return listener::none;
+  if (known_plain(*to)) return listener::plain;
+  auto found = socket_owner(*to, nullptr, 1 << TCP_LISTEN);
+  if (!found) return listener::none;  // none there now: the connection will say
+  if (entry_in(found->uid, found->cookie) != entry::absent) return listener::entered;
   remember_plain(*to);
-  return false;
+  return listener::plain;
+}
+
+bool listener_entered(const sockaddr* address, socklen_t length) {
+  return listener_at(address, length) == listener::entered;
 }
 
 void descriptors_closing(unsigned first, unsigned last) {
@@ -394,13 +416,16 @@ void descriptors_closing(unsigned first, unsigned last) {
   if (ours()) diag_fd.store(-1);     // the program's call closes it
 }
 
-bool peer_entered(const sockaddr* local, socklen_t local_length, const sockaddr* peer,
-                  socklen_t peer_length) {
+std::optional<socket_id> peer_socket(const sockaddr* local, socklen_t local_length,
+                                     const sockaddr* peer, socklen_t peer_length) {
   auto ours = endpoint_of(local, local_length);
   auto theirs = endpoint_of(peer, peer_length);
-  if (!ours || !theirs) return false;
-  auto client = socket_owner(*theirs, &*ours, ~0);
-  return client && entered(client->uid, client->cookie);
+  if (!ours || !theirs) return std::nullopt;
+  return socket_owner(*theirs, &*ours, ~0);
+}
+
+entry entry_of(const socket_id& socket) {
+  return entry_in(socket.uid, socket.cookie);
 }
 
 }  // namespace vmmc::sockets::detail::presence

@@ -280,6 +280,10 @@ struct interest {
   std::uint32_t kernel_events = 0;
   std::uint64_t reported_activity = ~std::uint64_t{0};
   bool disabled = false;  // EPOLLONESHOT fired
+  // The kernel reported it in its last answer: in a round that does not ask
+  // the kernel, a level-triggered member is asked alone (it may still hold
+  // bytes, and level-triggered means reported again while it does).
+  bool kernel_ready = false;
 };
 
 struct epoll_set {
@@ -393,27 +397,31 @@ int collect(int epfd, epoll_set& set, epoll_event* events, int max_events, int t
     auto it = set.members.find(fd);
     if (it == set.members.end()) continue;
     reported.insert(fd);
+    it->second.kernel_ready = true;
     if (std::uint32_t ev = member_events(epfd, fd, it->second, kernel[i].events))
       emit(it->second, ev);
   }
   for (auto& [fd, in] : set.members) {
     if (n >= max_events) break;
     if (reported.count(fd)) continue;
+    if (!skip_kernel) in.kernel_ready = false;
     stream* s = member_stream(in);
-    if (!s) continue;
-    // Before its switch (or its decision) a stream's bytes are the kernel's:
-    // in a round that did not ask the kernel, a level-triggered member asks
-    // it alone (its data was not reported again while it lasted).
-    const phase p = s->state.load();
+    // Before its switch (or its decision) a stream's bytes are the kernel's,
+    // and so are those of any member the kernel last found ready: in a
+    // round that did not ask the kernel, a level-triggered one asks it alone
+    // (its data was not reported again while it lasted).
+    const phase p = s ? s->state.load() : phase::plain;
     const bool kernel_bytes =
         skip_kernel && !(in.user.events & EPOLLET) &&
-        (p == phase::undecided || (p == phase::upgraded && !s->in_switched.load()));
-    if (p != phase::upgraded && stash_size(*s) == 0 && !kernel_bytes) continue;
+        (in.kernel_ready ||
+         (s && (p == phase::undecided || (p == phase::upgraded && !s->in_switched.load()))));
+    if (!kernel_bytes && (!s || (p != phase::upgraded && stash_size(*s) == 0))) continue;
     std::uint32_t kev = 0;
     if (kernel_bytes) {
       // POLLPRI: an urgent answer to our offer is news for ready_events().
       pollfd look{fd, static_cast<short>((in.user.events & 0xffff) | POLLPRI), 0};
       if (::poll(&look, 1, 0) == 1) kev = static_cast<std::uint16_t>(look.revents);
+      in.kernel_ready = kev != 0;
     }
     if (std::uint32_t ev = member_events(epfd, fd, in, kev)) emit(in, ev);
   }

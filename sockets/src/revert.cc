@@ -401,8 +401,10 @@ char* const* prepare_exec(char* const* envp) {
   stat_before_exec();
   std::string handed;
   for (auto& s : all_streams()) {
-    // The new image may not run vmmc: none of our sockets vouches for it.
+    // The new image may not run vmmc: none of our sockets vouches for it,
+    // and an answer to our ask that came already is taken off the head.
     presence::remove(s->presence_cookie.exchange(0));
+    if (s->asked.load()) discard_protocol_bytes(*s);
     std::size_t left = stash_size(*s);
     if (left == 0) continue;
     int flags = ::fcntl(s->fd, F_GETFD);

@@ -2,11 +2,10 @@
 //
 // One `stream` per kernel TCP descriptor this library manages, found through
 // a table indexed by descriptor. A stream is either undecided (waiting for
-// the peer's first byte), plain (kernel TCP for good), deferred (a client
-// whose server accepted: kernel TCP, counted, until the connection has
-// carried enough to pay for a channel) or upgraded (the peer speaks vmmc;
-// each direction switches from TCP to the redirect channel at its own byte
-// offset, see wire.h).
+// the peer's first byte), plain (kernel TCP for good), deferred (kernel TCP,
+// counted, until the connection has carried enough to pay for a channel:
+// see the phase) or upgraded (the peer speaks vmmc; each direction switches
+// from TCP to the redirect channel at its own byte offset, see wire.h).
 #pragma once
 
 #include <sys/socket.h>
@@ -55,9 +54,13 @@ enum class phase : std::uint8_t {
   connecting,  // non-blocking connect in progress
   undecided,   // connected; the peer's first byte has not arrived
   plain,       // kernel TCP for good
-  // Client only: the server accepted (its channel waits for our hello), and
-  // ours is not made yet: a connection that makes a few calls and closes
-  // never pays for one (earn_channel, handshake.cc).
+  // Kernel TCP, counted, until the connection earns a channel (earn_channel,
+  // handshake.cc): a connection that makes a few calls and closes pays
+  // nothing for one. A client on another host has the server's answer (its
+  // channel waits for our hello). On this host neither end has sent a byte
+  // of ours: the client asks once it earned (it enters its socket in the
+  // presence table), and the server, looking now and then (look_for_ask),
+  // answers mid-stream with its accept byte and hello frame.
   deferred,
   upgraded,  // the peer speaks vmmc: channel set up (directions switch separately)
 };
@@ -74,10 +77,25 @@ struct stream {
   // Its entry in our user's presence table (a listener, or a client until
   // it has decided), 0 if none (presence.h).
   std::atomic<std::uint64_t> presence_cookie{0};
-  // Server: the client entered itself before it connected (presence.h): it
-  // waits for our answer without an offer byte, which only a client on
-  // another host sends.
+  // Server: the client entered itself (presence.h): it asked for the
+  // upgrade without an offer byte, which only a client on another host sends.
   std::atomic<bool> client_vouched{false};
+  // Client on this host: the upgrade is asked for once the connection earns
+  // it (set before connect). `asked` once our socket is entered: the
+  // server's answer may then come at any byte of its stream (watched_read).
+  std::atomic<bool> ask_later{false};
+  std::atomic<bool> asked{false};
+  // On this host, deferred: the call count at which the server next looks
+  // for the client's ask, or the client for a server without a listener
+  // (looks_made so far); the client's socket once the server found it.
+  // Under setup_mutex.
+  std::atomic<std::uint32_t> next_look{0};
+  std::uint32_t looks_made = 0;
+  std::optional<presence::socket_id> client_socket;
+  // Server: what of our mid-stream answer the kernel did not take at once;
+  // sent before any later byte of ours (set before the phase says
+  // upgraded, then under write_mutex).
+  std::string answer_rest;
   // Client: our offer byte went out (the kernel counts it; vmmc-stat does not).
   std::atomic<bool> offer_sent{false};
   std::atomic<phase> state{phase::idle};
@@ -300,6 +318,21 @@ void try_decide(stream& s, bool wait_for_first_byte);
 // meanwhile: the caller starts over.
 bool deferred_call(stream& s, core::function_ref<ssize_t()> call,
                    std::atomic<std::uint64_t>* counter, ssize_t& result);
+// VMMC_SOCKETS_UPGRADE_AFTER, read once: the calls a connection makes on
+// kernel TCP before its channel (0: at once).
+std::uint32_t upgrade_after();
+// Deferred client on this host that asked: a read that never steps over the
+// server's answer (which may come at any byte of its stream) and takes it.
+// Returns false, without reading, once the stream has no ask open or left
+// the phase (the answer was taken): the caller starts over.
+bool watched_receive(stream& s, void* buffer, size_t length, int flags, ssize_t& result);
+// ... and before a write: the answer, if it is at the head (a client that
+// only writes upgrades too).
+void answer_before_write(stream& s);
+// Server, with write_mutex held: sends what is left of our answer to the
+// client's ask (answer_rest), waiting for room unless `no_wait`. False with
+// errno set (EAGAIN; or the connection failed) if some is left.
+bool flush_answer(stream& s, bool no_wait);
 // Deferred, before fork(): the socket may be shared from now on, and a
 // channel of one process would take bytes the other reads: kernel TCP.
 void stay_on_tcp(stream& s);

@@ -37,6 +37,7 @@
 
 #include "sockets.h"
 #include "stat_page.h"
+#include "wire.h"
 
 namespace vmmc::sockets::detail {
 
@@ -293,8 +294,13 @@ bool describe_row(stream& s, page::row& r) {
     case phase::undecided:
       state = page::row_state::undecided;
       break;
-    case phase::deferred:  // the peer speaks vmmc; our channel comes with use
-      state = page::row_state::upgrading;
+    case phase::deferred:
+      // A client whose server answered (across hosts) or that asked (on
+      // this host): its channel comes with use. Otherwise neither end knows
+      // yet whether the other speaks vmmc.
+      state = s.is_client.load() && (!s.ask_later.load() || s.asked.load())
+                  ? page::row_state::upgrading
+                  : page::row_state::undecided;
       break;
     case phase::plain:
       if (why == fallback::none && (s.out_reverted.load() || s.in_reverted.load()))
@@ -335,6 +341,9 @@ bool describe_row(stream& s, page::row& r) {
         why == fallback::refused || why == fallback::no_context || why == fallback::setup_failed;
     r.protocol_bytes_out = r.is_client && s.offer_sent.load() ? 1 : 0;
     r.protocol_bytes_in = !r.is_client && refused && !s.client_vouched.load() ? 1 : 0;
+    // A server on this host that declined our ask: its accept byte and frame.
+    if (r.is_client && s.ask_later.load() && why == fallback::refused)
+      r.protocol_bytes_in = 1 + sizeof(wire::hello_frame);
   }
   std::snprintf(r.path, sizeof r.path, "%s", path.c_str());
   r.in_use = 1;

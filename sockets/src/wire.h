@@ -3,17 +3,26 @@
 //   client -> server TCP: [offer]  raw bytes (N_c) ... doorbells
 //   server -> client TCP: [accept] hello_frame  raw bytes (N_s) ... doorbells
 //
-// [offer] and [accept] are single TCP *urgent* bytes (MSG_OOB), each the very
-// first byte its sender puts on the connection. On one host they are only
-// sent once the other end is known to run vmmc (presence.h), so a plain peer
-// never sees one. Across hosts the offer is the only signal: a plain TCP
-// program never reads urgent bytes (unless it set SO_OOBINLINE), and the
-// accept is never sent to a plain client. A vmmc end decides from the first
-// byte it receives: urgent offer/accept means the peer speaks vmmc, an
-// ordinary byte means it does not (for good).
+// [offer] and [accept] are single TCP *urgent* bytes (MSG_OOB). Across hosts
+// each is the very first byte its sender puts on the connection, and the
+// offer is the only signal: a plain TCP program never reads urgent bytes
+// (unless it set SO_OOBINLINE), and the accept is never sent to a plain
+// client. A vmmc end decides from the first byte it receives: urgent
+// offer/accept means the peer speaks vmmc, an ordinary byte means it does
+// not (for good).
 //
-// The server answers an offer with [accept] and a hello_frame naming its
-// redirect channel. The client connects its channel to it; the channel hello
+// On one host there is no offer, and nothing of ours at all until the
+// connection has earned a channel (VMMC_SOCKETS_UPGRADE_AFTER calls or 256
+// KiB): the client then *asks* by marking its socket's entry in the
+// presence table (presence.h), if the server's listener is entered; the
+// server, looking at that entry between its calls, answers with [accept]
+// and a hello_frame wherever it is in its stream. A client that asked reads
+// with a peek and a look at the urgent mark, so the answer is never taken
+// for data. A hello_frame with length 0 declines (the server cannot serve
+// it): both directions stay on TCP.
+//
+// The server answers with [accept] and a hello_frame naming its redirect
+// channel. The client connects its channel to it; the channel hello
 // (redirect::channel user payload) carries N_c, the number of raw bytes the
 // client wrote before switching. The server does the same with N_s once it
 // has the client's channel hello. Each reader drains exactly N raw bytes from

@@ -487,7 +487,7 @@ run_mode() {
 
 # last_lines <n> <file>: its last lines but for our debug log's routine ones.
 last_lines() {
-  grep -vE '^vmmc-sockets\[[0-9]+\]: fd [0-9]+: (client offered VMMC|server accepted VMMC|writes switched to|plain TCP|writes back on TCP|back on TCP|channel set-up failed)' "$2" |
+  grep -vE '^vmmc-sockets\[[0-9]+\]: fd [0-9]+: (client (offered|asked for) VMMC|asked the server for VMMC|server accepted VMMC|server declined VMMC|earned a channel|writes switched to|plain TCP|writes back on TCP|back on TCP|channel set-up failed)' "$2" |
     tail -n "$1" | cut -c1-200 | sed 's/^/     /' || true
 }
 

@@ -1,0 +1,172 @@
+// integration.sockets.upgrade_on_use: connections on one host with the
+// default VMMC_SOCKETS_UPGRADE_AFTER (16 calls or 256 KiB): until a
+// connection has earned its channel, neither end puts a byte of ours on it
+// nor makes a channel; once it has, it moves to the channel wherever the
+// streams are (a download whose server keeps its socket buffer full, an
+// upload that never reads), and a plain end is known as one.
+#include <netinet/tcp.h>
+
+#include <cstddef>
+#include <thread>
+
+#include "integration/sockets/support.h"
+
+namespace vmmc::test {
+namespace {
+
+// The bytes the kernel carried for the connection, each way: what the
+// application wrote, plus whatever of ours went with it.
+struct kernel_bytes {
+  std::uint64_t sent = 0, received = 0;
+};
+kernel_bytes carried(int fd) {
+  struct {
+    tcp_info glibc;  // what <netinet/tcp.h> knows; the kernel's goes on:
+    std::uint64_t pacing_rate, max_pacing_rate, bytes_acked, bytes_received;
+  } info{};
+  static_assert(offsetof(decltype(info), pacing_rate) == 104);  // linux/tcp.h
+  socklen_t length = sizeof info;
+  if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &length) != 0 || length < sizeof info)
+    return {};
+  return {info.bytes_acked, info.bytes_received};
+}
+
+// A listener and one connection to it, closed at the end of the test.
+struct connection {
+  const api& server_api;
+  const api& client_api;
+  int listener = -1, client = -1, server = -1;
+  connection(const api& server_side, const api& client_side)
+      : server_api(server_side), client_api(client_side) {
+    int port = 0;
+    listener = listen_loopback(server_api, &port);
+    if (listener >= 0) client = connect_loopback(client_api, port);
+    if (client >= 0) server = accept_within(server_api, listener);
+  }
+  ~connection() {
+    if (client >= 0) client_api.close(client);
+    if (server >= 0) server_api.close(server);
+    if (listener >= 0) server_api.close(listener);
+  }
+};
+
+// Issue 14 (never slower): both ends preloaded, a connection per request
+// (nginx + ab) ran at 0.45x kernel TCP. The server made a channel (memfd,
+// mapping, export) and sent its accept byte and hello frame for every
+// connection, and the client read them (and each end looked the other up
+// with sock_diag), though none of these connections lived to use a channel.
+TEST(UpgradeOnUse, AShortConnectionPutsNothingOfOursOnTheWire) {
+  connection c(vmmc_api, vmmc_api);
+  ASSERT_GE(c.server, 0) << std::strerror(errno);
+  const int client = c.client, server = c.server;
+  char request[100] = {}, reply[200] = {}, buffer[200];
+  for (int round = 0; round < 3; ++round) {  // 6 calls each way: far from 16
+    ASSERT_TRUE(write_all(vmmc_api, client, request, sizeof request));
+    ASSERT_EQ(read_full(vmmc_api, server, buffer, sizeof request), 100);
+    ASSERT_TRUE(write_all(vmmc_api, server, reply, sizeof reply));
+    ASSERT_EQ(read_full(vmmc_api, client, buffer, sizeof reply), 200);
+  }
+  // What each end's kernel received: the other's application bytes alone.
+  EXPECT_EQ(carried(client).received, 600u) << "server -> client: more than the application's";
+  EXPECT_EQ(carried(server).received, 300u) << "client -> server: more than the application's";
+  auto info = vmmc::sockets::describe(server);
+  ASSERT_TRUE(info.has_value());
+  EXPECT_FALSE(info->accelerated);
+  EXPECT_EQ(info->path, "tcp") << "the server made a channel";
+}
+
+// A download: the server writes as fast as the kernel takes it, so its
+// socket buffer is full whenever it looks for the client's ask. Its answer
+// still goes (what the kernel does not take at once goes before its next
+// bytes), and both directions end on the channel with every byte right.
+TEST(UpgradeOnUse, ADownloadFromAServerWithAFullBufferMovesToTheChannel) {
+  connection c(vmmc_api, vmmc_api);
+  ASSERT_GE(c.server, 0) << std::strerror(errno);
+  const int client = c.client, server = c.server;
+  constexpr std::size_t total = std::size_t{64} << 20, piece = 1 << 20;
+  std::string writer_error;
+  std::thread writer([&] {
+    std::vector<unsigned char> data(piece);
+    for (std::size_t at = 0; at < total; at += piece) {
+      fill_pattern(0x3C, at, data.data(), piece);
+      if (!write_all(vmmc_api, server, data.data(), piece)) {
+        writer_error = std::strerror(errno);
+        return;
+      }
+    }
+  });
+  std::vector<unsigned char> in(256 << 10);
+  std::size_t got = 0;
+  std::string error;
+  while (got < total && error.empty()) {
+    ssize_t n = vmmc_api.read(client, in.data(), std::min(in.size(), total - got));
+    if (n <= 0) {
+      error = n == 0 ? "early end" : std::strerror(errno);
+      break;
+    }
+    if (std::size_t bad = check_pattern(0x3C, got, in.data(), static_cast<std::size_t>(n));
+        bad != static_cast<std::size_t>(n))
+      error = "wrong byte at offset " + std::to_string(got + bad);
+    got += static_cast<std::size_t>(n);
+  }
+  writer.join();
+  EXPECT_EQ(error, "");
+  EXPECT_EQ(writer_error, "");
+  // The reading end has switched both ways (the server, which never reads,
+  // has not seen our switch: nothing came for it).
+  EXPECT_EQ(check_accelerated(vmmc_api, client), "");
+  auto info = vmmc::sockets::describe(client);
+  ASSERT_TRUE(info.has_value());
+  EXPECT_GT(info->bytes_in, total / 2) << describe_text(info);
+}
+
+// An upload whose client never reads: it finds the server's answer before
+// a write.
+TEST(UpgradeOnUse, AnUploadThatNeverReadsMovesToTheChannel) {
+  connection c(vmmc_api, vmmc_api);
+  ASSERT_GE(c.server, 0) << std::strerror(errno);
+  const int client = c.client, server = c.server;
+  constexpr std::size_t total = std::size_t{64} << 20, piece = 64 << 10;
+  std::thread reader([&] {
+    std::vector<unsigned char> in(1 << 20);
+    std::size_t got = 0;
+    while (got < total) {
+      ssize_t n = vmmc_api.read(server, in.data(), std::min(in.size(), total - got));
+      if (n <= 0) return;
+      got += static_cast<std::size_t>(n);
+    }
+  });
+  std::vector<unsigned char> data(piece);
+  for (std::size_t at = 0; at < total; at += piece)
+    ASSERT_TRUE(write_all(vmmc_api, client, data.data(), piece));
+  reader.join();
+  EXPECT_EQ(check_accelerated(vmmc_api, server), "");
+  auto info = vmmc::sockets::describe(server);
+  ASSERT_TRUE(info.has_value());
+  EXPECT_GT(info->bytes_in, total / 2) << describe_text(info);
+}
+
+// A plain end is known as one once the connection earned a channel: the
+// vmmc end stays kernel TCP for good and looks no more.
+TEST(UpgradeOnUse, APlainPeerIsKnownOnceTheConnectionEarnedAChannel) {
+  for (bool plain_client : {true, false}) {
+    const api& server_api = plain_client ? vmmc_api : kernel_api;
+    const api& client_api = plain_client ? kernel_api : vmmc_api;
+    connection c(server_api, client_api);
+    ASSERT_GE(c.server, 0) << std::strerror(errno);
+    const int client = c.client, server = c.server;
+    char byte = 'x';
+    for (int round = 0; round < 40; ++round) {
+      ASSERT_TRUE(write_all(client_api, client, &byte, 1));
+      ASSERT_EQ(read_full(server_api, server, &byte, 1), 1);
+      ASSERT_TRUE(write_all(server_api, server, &byte, 1));
+      ASSERT_EQ(read_full(client_api, client, &byte, 1), 1);
+    }
+    auto info = vmmc::sockets::describe(plain_client ? server : client);
+    ASSERT_TRUE(info.has_value());
+    EXPECT_TRUE(info->plain) << (plain_client ? "server" : "client") << ": " << describe_text(info);
+  }
+}
+
+}  // namespace
+}  // namespace vmmc::test
