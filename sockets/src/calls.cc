@@ -229,17 +229,20 @@ void enter_listener(stream& s) {
 }
 
 // A client whose connection stays on this host enters its socket in the
-// presence table before it connects (so the server can tell it from a plain
-// client) and asks for the upgrade only once the connection earned a
-// channel (handshake.cc), and only of a listener that is entered: nothing
-// is looked up now. With VMMC_SOCKETS_UPGRADE_AFTER=0 it asks at once, so
-// the server answers at its first call.
+// presence table before it connects (so that the server can tell it from a
+// plain client), unless the listener it reaches is plain (looked up at most
+// once a second per address: a load generator against a plain server pays
+// nothing per connection). It asks for the upgrade only once the
+// connection has earned a channel (handshake.cc). With
+// VMMC_SOCKETS_UPGRADE_AFTER=0 it asks at once, so the server answers at
+// its first call.
 void enter_client(stream& s, const sockaddr* address, socklen_t length) {
   bool sized = (address->sa_family == AF_INET && length >= sizeof(sockaddr_in)) ||
                (address->sa_family == AF_INET6 && length >= sizeof(sockaddr_in6));
   if (!sized || !enabled() || !peer_on_this_host(address)) return;  // other hosts: route.cc
   const bool at_once = upgrade_after() == 0;
-  if (at_once && !presence::listener_entered(address, length)) {
+  const presence::listener server = presence::listener_at(address, length, at_once);
+  if (server == presence::listener::plain || (at_once && server != presence::listener::entered)) {
     s.fallback_reason.store(fallback::peer_plain);
     s.state.store(phase::plain);
     return;

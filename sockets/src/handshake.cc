@@ -320,7 +320,7 @@ void ask_locked(stream& s) {
   const auto* local = reinterpret_cast<const sockaddr*>(&s.local_end);
   const socklen_t length =
       server->sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
-  switch (presence::listener_at(server, length)) {
+  switch (presence::listener_at(server, length, /*fresh=*/true)) {
     case presence::listener::plain:
       return stay(fallback::peer_plain);
     case presence::listener::entered:

@@ -316,31 +316,40 @@ std::optional<owner> socket_owner(const endpoint& local, const endpoint* remote,
 // every time: its answer decides whether this client waits for a server's
 // answer.
 using clock = std::chrono::steady_clock;
-struct plain_listener {
+// Listeners looked up lately, by address, for a second: a client that
+// connects again and again (a load generator, a proxy) asks the kernel once
+// a second at connect. What decides an ask is looked up afresh.
+struct known_listener {
   endpoint at;
+  listener kind;
   clock::time_point until;
 };
-std::mutex plain_mutex;
-plain_listener plain_listeners[8];
-unsigned plain_next = 0;  // under plain_mutex: the entry replaced next
+std::mutex known_mutex;
+known_listener known_listeners[8];
+unsigned known_next = 0;  // under known_mutex: the entry replaced next
 
 bool same(const endpoint& a, const endpoint& b) {
   return a.family == b.family && a.port == b.port &&
          std::memcmp(a.address, b.address, sizeof a.address) == 0;
 }
 
-bool known_plain(const endpoint& at) {
+std::optional<listener> known(const endpoint& at) {
   const auto now = clock::now();
-  std::lock_guard lock(plain_mutex);
-  for (const plain_listener& p : plain_listeners)
-    if (p.until > now && same(p.at, at)) return true;
-  return false;
+  std::lock_guard lock(known_mutex);
+  for (const known_listener& k : known_listeners)
+    if (k.until > now && same(k.at, at)) return k.kind;
+  return std::nullopt;
 }
 
-void remember_plain(const endpoint& at) {
-  std::lock_guard lock(plain_mutex);
-  plain_listeners[plain_next++ % std::size(plain_listeners)] = {
-      at, clock::now() + std::chrono::seconds(1)};
+void remember(const endpoint& at, listener kind) {
+  const auto until = clock::now() + std::chrono::seconds(1);
+  std::lock_guard lock(known_mutex);
+  for (known_listener& k : known_listeners)
+    if (same(k.at, at)) {
+      k = {at, kind, until};
+      return;
+    }
+  known_listeners[known_next++ % std::size(known_listeners)] = {at, kind, until};
 }
 
 }  // namespace
@@ -391,19 +400,16 @@ void remove(std::uint64_t cookie) {
   }
 }
 
-listener listener_at(const sockaddr* address, socklen_t length) {
+listener listener_at(const sockaddr* address, socklen_t length, bool fresh) {
   auto to = endpoint_of(address, length);
   if (!to) return listener::none;
-  if (known_plain(*to)) return listener::plain;
+  if (auto kind = known(*to); kind && (*kind == listener::plain || !fresh)) return *kind;
   auto found = socket_owner(*to, nullptr, 1 << TCP_LISTEN);
   if (!found) return listener::none;  // none there now: the connection will say
-  if (entry_in(found->uid, found->cookie) != entry::absent) return listener::entered;
-  remember_plain(*to);
-  return listener::plain;
-}
-
-bool listener_entered(const sockaddr* address, socklen_t length) {
-  return listener_at(address, length) == listener::entered;
+  const listener kind =
+      entry_in(found->uid, found->cookie) != entry::absent ? listener::entered : listener::plain;
+  remember(*to, kind);
+  return kind;
 }
 
 void descriptors_closing(unsigned first, unsigned last) {

@@ -36,14 +36,13 @@ namespace vmmc::sockets::detail::presence {
 [[gnu::visibility("default")]] void ask(std::uint64_t cookie);
 // Takes the cookie's entry out (0: nothing).
 void remove(std::uint64_t cookie);
-// The listening socket a connection to `address` (on this host) would reach
-// is entered.
-bool listener_entered(const sockaddr* address, socklen_t length);
-// ... and whether there is one: a program that accepts one connection and
-// closes its listener (an FTP data connection) has none once its
-// connection is under way.
+// The listening socket a connection to `address` (on this host) would
+// reach: none (a program that accepts one connection and closes its
+// listener, as for an FTP data connection, has none once its connection is
+// under way), plain, or entered. Answers of the last second are reused,
+// but for an entered one when `fresh`.
 enum class listener { none, plain, entered };
-listener listener_at(const sockaddr* address, socklen_t length);
+listener listener_at(const sockaddr* address, socklen_t length, bool fresh);
 // A TCP socket of this host: its owner and cookie.
 struct socket_id {
   uid_t uid;
