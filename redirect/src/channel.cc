@@ -86,7 +86,8 @@ class channel::impl {
   status create_area();
   // Imports the peer's area and binds to it; `attached` becomes true (with
   // release ordering) only once every peer field below is set.
-  status attach(const parsed_descriptor& peer_area);
+  status attach(const parsed_descriptor& peer_area,
+                std::chrono::milliseconds patience = std::chrono::seconds(5));
   status bind_peer(const parsed_descriptor& peer_area);
   status place_hello(std::string_view user_hello);
   result<std::string> read_hello() const;
@@ -313,13 +314,14 @@ channel::impl::~impl() {
   if (exported) (void)ctx.unexport_buffer(area_export);
 }
 
-status channel::impl::attach(const parsed_descriptor& peer_area) {
+status channel::impl::attach(const parsed_descriptor& peer_area,
+                             std::chrono::milliseconds patience) {
   if (options.reached_over)
     if (status s = ctx.check_address_from(peer_area.address, &*options.reached_over,
                                           sizeof(sockaddr_storage));
         !s)
       return s;
-  auto h = ctx.import_buffer(peer_area.address, peer_area.name);
+  auto h = ctx.import_buffer(peer_area.address, peer_area.name, patience);
   if (!h) {
     // Its area was exported before its hello named it: gone now means the
     // peer went, or is going (its end destroyed, the export withdrawn).
@@ -905,12 +907,13 @@ std::string channel::descriptor() const {
   return impl_->area_name + "#" + std::to_string(impl_->ring_bytes) + "#" + impl_->ctx.address();
 }
 
-status channel::connect(std::string_view peer_descriptor, std::string_view user_hello) {
+status channel::connect(std::string_view peer_descriptor, std::string_view user_hello,
+                        std::chrono::milliseconds patience) {
   if (impl_->attached) return errc::already_exists;
   parsed_descriptor d;
   if (!detail::parse_descriptor(peer_descriptor, d) || user_hello.size() > wire::user_hello_max)
     return errc::invalid_argument;
-  if (status s = impl_->attach(d); !s) return s;
+  if (status s = impl_->attach(d, patience); !s) return s;
   return impl_->place_hello(user_hello);
 }
 

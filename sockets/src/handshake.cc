@@ -411,13 +411,16 @@ void look_for_ask(stream& s) {
   s.upgrade_claimed.store(false);
 }
 
-// Client on this host, after its ask: takes the server's answer at the
-// urgent mark (its accept byte, urgent or inline where the program reads
-// urgent bytes inline, then its hello frame). False if the byte at the mark
-// is not ours (the server program's own urgent byte: left to the program).
-bool take_answer(stream& s) {
+// Client on this host, after its ask, at the urgent mark: takes the
+// server's answer (its accept byte, urgent or inline where the program
+// reads urgent bytes inline, then its hello frame), without waiting: a
+// frame not all there yet is left whole for a later call (the server sends
+// its rest before any later byte of its own). not_ours if the byte at the
+// mark is the server program's own urgent byte: left to the program.
+enum class answer { taken, not_ours, incomplete };
+answer take_answer(stream& s) {
   std::unique_lock setup(s.setup_mutex);
-  if (s.state.load() != phase::deferred || !s.asked.load()) return false;
+  if (s.state.load() != phase::deferred || !s.asked.load()) return answer::not_ours;
   unsigned char urgent = 0;
   int oob = MSG_OOB;
   ssize_t got = ::recv(s.fd, &urgent, 1, MSG_OOB | MSG_PEEK | MSG_DONTWAIT);
@@ -428,23 +431,38 @@ bool take_answer(stream& s) {
     oob = 0;
     got = ::recv(s.fd, &urgent, 1, MSG_PEEK | MSG_DONTWAIT);
   }
-  if (got != 1 || urgent != wire::accept_byte) return false;
+  if (got != 1 || urgent != wire::accept_byte) return answer::not_ours;
+  // The frame behind the mark (a peek there steps over an urgent byte that
+  // is not inline).
+  const std::size_t skip = oob ? 0 : 1;
+  char head[1 + sizeof(wire::hello_frame) + 4096];
+  const ssize_t seen = ::recv(s.fd, head, sizeof head, MSG_PEEK | MSG_DONTWAIT);
+  wire::hello_frame frame{};
+  if (seen < static_cast<ssize_t>(skip + sizeof frame)) return answer::incomplete;
+  std::memcpy(&frame, head + skip, sizeof frame);
+  const bool whole = static_cast<std::size_t>(seen) >= skip + sizeof frame + frame.length;
+  const bool well_formed = frame.magic == wire::hello_magic && frame.version == wire::version;
+  if (well_formed && !whole) return answer::incomplete;
   (void)::recv(s.fd, &urgent, 1, oob | MSG_DONTWAIT);
-  // Still asked while the frame is read: a reader that comes meanwhile
-  // waits (watched_receive), never takes the frame for data.
-  std::string descriptor;
-  const bool framed = read_hello_frame(s.fd, descriptor);
   presence::remove(s.presence_cookie.exchange(0));
-  if (!framed) {
+  if (!well_formed) {
     fail_connection(s, "malformed hello after the accept byte");
     s.asked.store(false);
-    return true;
+    return answer::taken;
+  }
+  std::string descriptor(frame.length, '\0');
+  if (::recv(s.fd, head, sizeof frame, MSG_DONTWAIT) != static_cast<ssize_t>(sizeof frame) ||
+      (frame.length > 0 &&
+       ::recv(s.fd, descriptor.data(), descriptor.size(), MSG_DONTWAIT) != frame.length)) {
+    fail_connection(s, "the hello frame went missing");
+    s.asked.store(false);
+    return answer::taken;
   }
   if (descriptor.empty()) {
     log(3, "fd %d: the server declined VMMC", s.fd.load());
     become_plain(s, fallback::refused);
     s.asked.store(false);
-    return true;
+    return answer::taken;
   }
   s.peer_descriptor = std::move(descriptor);
   s.asked.store(false);
@@ -452,7 +470,7 @@ bool take_answer(stream& s) {
   setup.unlock();
   earn_channel(s);  // now, unless a call is in the kernel (then at its end)
   if (s.state.load() == phase::upgraded) advance_upgrade(s);
-  return true;
+  return answer::taken;
 }
 }  // namespace
 
@@ -496,7 +514,8 @@ bool deferred_call(stream& s, core::function_ref<ssize_t()> call,
   return true;
 }
 
-bool watched_receive(stream& s, void* buffer, size_t length, int flags, ssize_t& result) {
+bool watched_receive(stream& s, void* buffer, size_t length, int flags,
+                     std::chrono::steady_clock::time_point deadline, ssize_t& result) {
   std::unique_lock reading(s.read_mutex);
   if (!s.asked.load()) return false;
   // Peek, then look whether the kernel's head is the urgent mark: a recv()
@@ -510,7 +529,26 @@ bool watched_receive(stream& s, void* buffer, size_t length, int flags, ssize_t&
     return true;
   }
   int at_mark = 0;
-  if (::ioctl(s.fd, SIOCATMARK, &at_mark) == 0 && at_mark && take_answer(s)) return false;
+  if (::ioctl(s.fd, SIOCATMARK, &at_mark) == 0 && at_mark) {
+    switch (take_answer(s)) {
+      case answer::taken:
+        return false;
+      case answer::incomplete:
+        // The rest of the frame comes before the server's next byte: wait
+        // for it as for data, within the call's time.
+        if ((flags & MSG_DONTWAIT) || s.nonblocking.load() ||
+            std::chrono::steady_clock::now() >= deadline) {
+          errno = EAGAIN;
+          result = -1;
+          return true;
+        }
+        reading.unlock();
+        ::poll(nullptr, 0, 1);
+        return false;
+      case answer::not_ours:
+        break;
+    }
+  }
   if (n == 0 || (flags & MSG_PEEK)) {
     result = n;
     return true;
@@ -763,7 +801,18 @@ void place_hello_locked(stream& s, bool ring_now) {
   std::string count = std::to_string(s.tcp_out);
   status placed;
   if (s.is_client) {
-    placed = s.chan->connect(s.peer_descriptor, count);
+    // The import asks the server's process, which may be stopped: a write
+    // waits for it a little, then goes on TCP, and the hello is placed at a
+    // later call (kernel TCP would not wait for a stopped peer at all).
+    const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
+    if (now < s.next_hello_try) return;
+    placed = s.chan->connect(s.peer_descriptor, count, std::chrono::milliseconds(100));
+    if (!placed && placed.is(errc::timed_out)) {
+      s.next_hello_try = now + std::chrono::nanoseconds(std::chrono::seconds(1)).count();
+      log(2, "fd %d: the server did not answer our hello's import; writes stay on TCP a while",
+          s.fd.load());
+      return;
+    }
   } else {
     auto theirs = s.chan->accept_peer(count);
     placed = theirs ? status{} : status(theirs.error());

@@ -336,8 +336,9 @@ ssize_t receive(stream& s, void* buffer, size_t length, int flags, bool rw) {
     }
   }
   // Every raw byte counts: the peer's switch is at a byte count.
+  const auto watch_until = s.asked.load() ? receive_deadline(s) : clock::time_point::max();
   for (ssize_t n = 0; p == phase::deferred; p = s.state.load()) {
-    if (s.asked.load() && watched_receive(s, buffer, length, flags, n)) return n;
+    if (s.asked.load() && watched_receive(s, buffer, length, flags, watch_until, n)) return n;
     auto call = [&] { return kernel_read(s.fd, buffer, length, flags, rw); };
     if (deferred_call(s, call, (flags & MSG_PEEK) ? nullptr : &s.tcp_in, n)) return n;
   }

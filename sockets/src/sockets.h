@@ -150,6 +150,10 @@ struct stream {
   // asleep on TCP of the switch goes with our next write (handshake.cc).
   // Under write_mutex, like everything that places the hello.
   bool switch_doorbell_owed = false;
+  // Client: no hello placed before this (steady clock, ns): the server's
+  // process did not answer the import of its area (stopped). Under
+  // write_mutex.
+  std::int64_t next_hello_try = 0;
   // Incoming: raw bytes read from TCP so far; the peer's N once known;
   // in_switched once all of them are read.
   std::atomic<std::uint64_t> tcp_in{0};
@@ -325,7 +329,8 @@ std::uint32_t upgrade_after();
 // server's answer (which may come at any byte of its stream) and takes it.
 // Returns false, without reading, once the stream has no ask open or left
 // the phase (the answer was taken): the caller starts over.
-bool watched_receive(stream& s, void* buffer, size_t length, int flags, ssize_t& result);
+bool watched_receive(stream& s, void* buffer, size_t length, int flags,
+                     std::chrono::steady_clock::time_point deadline, ssize_t& result);
 // ... and before a write: the answer, if it is at the head (a client that
 // only writes upgrades too).
 void answer_before_write(stream& s);

@@ -208,8 +208,13 @@ void close_everything() {
     all.swap(t.slots);
     for (auto& k : known) k.store(false, std::memory_order_relaxed);
   }
-  for (auto& s : all)
-    if (s && s->inherited.load()) abandon(s->chan);  // another process's channel
+  for (auto& s : all) {
+    if (!s) continue;
+    // Our sockets' presence entries go with us (a socket shared since
+    // fork() may live on in another process: its entry stays).
+    if (!s->shared.load()) presence::remove(s->presence_cookie.exchange(0));
+    if (s->inherited.load()) abandon(s->chan);  // another process's channel
+  }
   all.clear();
   st.ctx.reset();
   // Streams still held elsewhere (an epoll set the program closes in its own

@@ -131,9 +131,12 @@ class channel {
 
   // Active end: imports the peer's area and places this end's hello there
   // (descriptor + `user_hello`). Returns once the hello is visible to the
-  // peer. Errors: invalid_argument (malformed descriptor or user_hello over
-  // 64 bytes), the errors of context::import_buffer, protocol_error.
-  status connect(std::string_view peer_descriptor, std::string_view user_hello);
+  // peer. The import waits at most `patience` for the peer (timed_out: the
+  // channel stays as it was and connect may be called again). Errors:
+  // invalid_argument (malformed descriptor or user_hello over 64 bytes), the
+  // errors of context::import_buffer, protocol_error.
+  status connect(std::string_view peer_descriptor, std::string_view user_hello,
+                 std::chrono::milliseconds patience = std::chrono::seconds(5));
   // Passive end: returns would_block until the active end's hello is in this
   // end's area; then imports the peer's area, places its own hello there and
   // returns the peer's user payload.
