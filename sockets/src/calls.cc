@@ -69,14 +69,13 @@ ssize_t transmit_vector(stream& s, const iovec* iov, int count, int flags, bool 
   if (rw && flags == 0 && kernel_writes(s)) return ::writev(s.fd, iov, count);
   // Kernel TCP until the connection earns a channel: one kernel call, counted.
   for (ssize_t n = 0; s.state.load() == phase::deferred;) {
-    answer_before_write(s);
     msghdr m{};
     m.msg_iov = const_cast<iovec*>(iov);
     m.msg_iovlen = static_cast<size_t>(count);
     auto call = [&] {
       return rw && flags == 0 ? ::writev(s.fd, iov, count) : ::sendmsg(s.fd, &m, flags);
     };
-    if (s.state.load() == phase::deferred && deferred_call(s, call, &s.tcp_out, n)) return n;
+    if (deferred_call(s, call, &s.tcp_out, n)) return n;
   }
   size_t total = 0;
   for (int i = 0; i < count; ++i) total += iov[i].iov_len;
@@ -696,10 +695,9 @@ ssize_t sendfile(int out_fd, int in_fd, off_t* offset, size_t count) {
   // channel once the connection has one.
   size_t done = 0;
   for (ssize_t n = 0; done < count && s->state.load() == phase::deferred;) {
-    answer_before_write(*s);
     const size_t piece = std::min<size_t>(count - done, 256 << 10);
     auto call = [&] { return ::sendfile(out_fd, in_fd, offset, piece); };
-    if (s->state.load() != phase::deferred || !deferred_call(*s, call, &s->tcp_out, n)) continue;
+    if (!deferred_call(*s, call, &s->tcp_out, n)) continue;
     if (n <= 0) return done > 0 ? static_cast<ssize_t>(done) : n;
     done += static_cast<size_t>(n);
     if (static_cast<size_t>(n) < piece) return static_cast<ssize_t>(done);

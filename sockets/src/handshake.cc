@@ -292,6 +292,11 @@ void take_accept(stream& s) {
 // connection that makes fewer calls and closes never pays it (issue 14,
 // item 5); one that goes on pays at most about twice what it would have.
 constexpr std::uint64_t earning_bytes = 256 << 10;
+
+// The length of an address kept by learn_ends (IPv4 or IPv6).
+socklen_t length_of(const sockaddr_storage& address) {
+  return address.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+}
 bool earned(const stream& s) {
   return s.tcp_calls.load(std::memory_order_relaxed) >= upgrade_after() ||
          s.tcp_in.load(std::memory_order_relaxed) + s.tcp_out.load(std::memory_order_relaxed) >=
@@ -318,8 +323,7 @@ void ask_locked(stream& s) {
   if (!learn_ends(s)) return stay(fallback::offer_failed);
   const auto* server = reinterpret_cast<const sockaddr*>(&s.peer_end);
   const auto* local = reinterpret_cast<const sockaddr*>(&s.local_end);
-  const socklen_t length =
-      server->sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+  const socklen_t length = length_of(s.peer_end);
   switch (presence::listener_at(server, length, /*fresh=*/true)) {
     case presence::listener::plain:
       return stay(fallback::peer_plain);
@@ -389,8 +393,7 @@ void look_for_ask(stream& s) {
     if (!learn_ends(s)) return become_plain(s, fallback::offer_failed);
     const auto* local = reinterpret_cast<const sockaddr*>(&s.local_end);
     const auto* peer = reinterpret_cast<const sockaddr*>(&s.peer_end);
-    const socklen_t length =
-        peer->sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+    const socklen_t length = length_of(s.peer_end);
     s.client_socket = presence::peer_socket(local, length, peer, length);
     if (!s.client_socket) return become_plain(s, fallback::peer_plain);
   }
@@ -472,6 +475,15 @@ answer take_answer(stream& s) {
   if (s.state.load() == phase::upgraded) advance_upgrade(s);
   return answer::taken;
 }
+// A client that asked, before a write: the answer, if it is at the head.
+void answer_before_write(stream& s) {
+  if (!s.asked.load()) return;
+  std::unique_lock reading(s.read_mutex, std::try_to_lock);  // else the reader takes it
+  int at_mark = 0;
+  if (reading && s.asked.load() && ::ioctl(s.fd, SIOCATMARK, &at_mark) == 0 && at_mark)
+    (void)take_answer(s);
+}
+
 }  // namespace
 
 std::uint32_t upgrade_after() {
@@ -486,6 +498,12 @@ bool deferred_call(stream& s, core::function_ref<ssize_t()> call,
   if (server &&
       s.tcp_calls.load(std::memory_order_relaxed) >= s.next_look.load(std::memory_order_relaxed)) {
     look_for_ask(s);
+    if (s.state.load() != phase::deferred) return false;
+  }
+  // A write (it counts into tcp_out) of a client that asked: the answer
+  // first, if it is at the head (a client that only writes upgrades too).
+  if (counter == &s.tcp_out && s.asked.load()) {
+    answer_before_write(s);
     if (s.state.load() != phase::deferred) return false;
   }
   s.in_kernel.fetch_add(1);
@@ -555,14 +573,6 @@ bool watched_receive(stream& s, void* buffer, size_t length, int flags,
   }
   auto take = [&] { return ::recv(s.fd, buffer, static_cast<size_t>(n), MSG_DONTWAIT); };
   return deferred_call(s, take, &s.tcp_in, result);
-}
-
-void answer_before_write(stream& s) {
-  if (!s.asked.load()) return;
-  std::unique_lock reading(s.read_mutex, std::try_to_lock);  // else the reader takes it
-  int at_mark = 0;
-  if (reading && s.asked.load() && ::ioctl(s.fd, SIOCATMARK, &at_mark) == 0 && at_mark)
-    (void)take_answer(s);
 }
 
 bool flush_answer(stream& s, bool no_wait) {

@@ -394,8 +394,6 @@ ssize_t transmit(stream& s, const void* buffer, size_t length, int flags, bool r
     p = s.state.load();
   }
   for (ssize_t n = 0; p == phase::deferred; p = s.state.load()) {
-    answer_before_write(s);
-    if (s.state.load() != phase::deferred) continue;
     auto call = [&] { return kernel_write(s.fd, buffer, length, flags, rw); };
     if (deferred_call(s, call, &s.tcp_out, n)) return n;
   }

@@ -82,7 +82,7 @@ struct stream {
   std::atomic<bool> client_vouched{false};
   // Client on this host: the upgrade is asked for once the connection earns
   // it (set before connect). `asked` once our socket is entered: the
-  // server's answer may then come at any byte of its stream (watched_read).
+  // server's answer may then come at any byte of its stream (watched_receive).
   std::atomic<bool> ask_later{false};
   std::atomic<bool> asked{false};
   // On this host, deferred: the call count at which the server next looks
@@ -331,9 +331,6 @@ std::uint32_t upgrade_after();
 // the phase (the answer was taken): the caller starts over.
 bool watched_receive(stream& s, void* buffer, size_t length, int flags,
                      std::chrono::steady_clock::time_point deadline, ssize_t& result);
-// ... and before a write: the answer, if it is at the head (a client that
-// only writes upgrades too).
-void answer_before_write(stream& s);
 // Server, with write_mutex held: sends what is left of our answer to the
 // client's ask (answer_rest), waiting for room unless `no_wait`. False with
 // errno set (EAGAIN; or the connection failed) if some is left.
