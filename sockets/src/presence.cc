@@ -214,8 +214,6 @@ std::optional<endpoint> endpoint_of(const sockaddr* a, socklen_t length) {
   return e;
 }
 
-using owner = socket_id;
-
 // One netlink socket per process, made at its first lookup and kept: a
 // socket and a close per connection cost more than the lookup. A fork()
 // child closes its copy (parent's and child's replies would share one
@@ -256,7 +254,7 @@ int diag_socket_locked() {
 // One exact lookup (no dump): the kernel finds the socket as it would for
 // a packet, a listener included, and queues its one answer before sendto()
 // returns.
-std::optional<owner> socket_owner(const endpoint& local, const endpoint* remote, int states) {
+std::optional<socket_id> socket_owner(const endpoint& local, const endpoint* remote, int states) {
   struct {
     nlmsghdr header;
     inet_diag_req_v2 request;
@@ -302,23 +300,18 @@ std::optional<owner> socket_owner(const endpoint& local, const endpoint* remote,
       return std::nullopt;  // NLMSG_ERROR: no such socket
     inet_diag_msg diag;
     std::memcpy(&diag, reply + NLMSG_HDRLEN, sizeof diag);
-    return owner{diag.idiag_uid,
-                 diag.id.idiag_cookie[0] | std::uint64_t{diag.id.idiag_cookie[1]} << 32};
+    return socket_id{diag.idiag_uid,
+                     diag.id.idiag_cookie[0] | std::uint64_t{diag.id.idiag_cookie[1]} << 32};
   }
   return std::nullopt;
 }
 
-// Listeners found plain, by address, for a second: a client that connects
-// again and again to a plain server (a load generator, a proxy) asks the
-// kernel once a second, not once a connection. A vmmc server that takes the
-// port over meanwhile gets plain connections from us for at most that long
-// (correct, only not accelerated). A listener found entered is asked about
-// every time: its answer decides whether this client waits for a server's
-// answer.
 using clock = std::chrono::steady_clock;
 // Listeners looked up lately, by address, for a second: a client that
 // connects again and again (a load generator, a proxy) asks the kernel once
-// a second at connect. What decides an ask is looked up afresh.
+// a second at connect. A vmmc server that takes a plain one's port over
+// meanwhile gets plain connections from us for at most that long (correct,
+// only not accelerated); what decides an ask is looked up afresh.
 struct known_listener {
   endpoint at;
   listener kind;
