@@ -917,7 +917,8 @@ status channel::connect(std::string_view peer_descriptor, std::string_view user_
   return impl_->place_hello(user_hello);
 }
 
-result<std::string> channel::accept_peer(std::string_view user_hello) {
+result<std::string> channel::accept_peer(std::string_view user_hello,
+                                         std::chrono::milliseconds patience) {
   if (impl_->attached) return errc::already_exists;
   if (user_hello.size() > wire::user_hello_max) return errc::invalid_argument;
   if (load(impl_->area->peer_hello.state) != 1) return errc::would_block;
@@ -926,7 +927,7 @@ result<std::string> channel::accept_peer(std::string_view user_hello) {
   if (!theirs) return theirs.error();
   parsed_descriptor d;
   if (!detail::parse_descriptor(theirs->descriptor, d)) return errc::protocol_error;
-  if (status s = impl_->attach(d); !s) return s.error();
+  if (status s = impl_->attach(d, patience); !s) return s.error();
   if (status s = impl_->place_hello(user_hello); !s) return s.error();
   return std::move(theirs->user);
 }

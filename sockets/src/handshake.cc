@@ -808,24 +808,27 @@ void place_hello_locked(stream& s, bool ring_now) {
     s.hello_pending.store(false);
     return;
   }
+  // Either end's hello imports the other's area, which asks the peer's
+  // process; it may be stopped. The call waits for it a little, then this
+  // direction goes on over TCP, and the hello is placed at a later call
+  // (kernel TCP would not wait for a stopped peer at all; an event-driven
+  // server waited 5 s, with every other client of it).
+  const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
+  if (now < s.next_hello_try) return;
+  constexpr auto patience = std::chrono::milliseconds(100);
   std::string count = std::to_string(s.tcp_out);
   status placed;
   if (s.is_client) {
-    // The import asks the server's process, which may be stopped: a write
-    // waits for it a little, then goes on TCP, and the hello is placed at a
-    // later call (kernel TCP would not wait for a stopped peer at all).
-    const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
-    if (now < s.next_hello_try) return;
-    placed = s.chan->connect(s.peer_descriptor, count, std::chrono::milliseconds(100));
-    if (!placed && placed.is(errc::timed_out)) {
-      s.next_hello_try = now + std::chrono::nanoseconds(std::chrono::seconds(1)).count();
-      log(2, "fd %d: the server did not answer our hello's import; writes stay on TCP a while",
-          s.fd.load());
-      return;
-    }
+    placed = s.chan->connect(s.peer_descriptor, count, patience);
   } else {
-    auto theirs = s.chan->accept_peer(count);
+    auto theirs = s.chan->accept_peer(count, patience);
     placed = theirs ? status{} : status(theirs.error());
+  }
+  if (!placed && placed.is(errc::timed_out)) {
+    s.next_hello_try = now + std::chrono::nanoseconds(std::chrono::seconds(1)).count();
+    log(2, "fd %d: the peer did not answer our hello's import; writes stay on TCP a while",
+        s.fd.load());
+    return;
   }
   s.hello_pending.store(false);
   if (!placed) {

@@ -150,9 +150,8 @@ struct stream {
   // asleep on TCP of the switch goes with our next write (handshake.cc).
   // Under write_mutex, like everything that places the hello.
   bool switch_doorbell_owed = false;
-  // Client: no hello placed before this (steady clock, ns): the server's
-  // process did not answer the import of its area (stopped). Under
-  // write_mutex.
+  // No hello placed before this (steady clock, ns): the peer's process did
+  // not answer the import of its area (stopped). Under write_mutex.
   std::int64_t next_hello_try = 0;
   // Incoming: raw bytes read from TCP so far; the peer's N once known;
   // in_switched once all of them are read.

@@ -3,13 +3,16 @@
 // connection has earned its channel, neither end puts a byte of ours on it
 // nor makes a channel; once it has, it moves to the channel wherever the
 // streams are (a download whose server keeps its socket buffer full, an
-// upload that never reads), and a plain end is known as one.
+// upload that never reads), a plain end is known as one, and a peer stopped
+// mid-upgrade holds up no call of the other end.
 #include <netinet/tcp.h>
+#include <signal.h>
 
 #include <cstddef>
 #include <thread>
 
 #include "integration/sockets/support.h"
+#include "support/fault.h"
 
 namespace vmmc::test {
 namespace {
@@ -144,6 +147,82 @@ TEST(UpgradeOnUse, AnUploadThatNeverReadsMovesToTheChannel) {
   auto info = vmmc::sockets::describe(server);
   ASSERT_TRUE(info.has_value());
   EXPECT_GT(info->bytes_in, total / 2) << describe_text(info);
+}
+
+// Connects to port arg 0 and makes one-byte echo rounds with the parent,
+// saying before each echo which way its byte went ("wrote tcp", "wrote
+// channel"). Right after its first byte over the channel (its hello placed
+// just before it) it stops itself: the parent then meets the hello of a
+// stopped process. Continued, it goes on until the parent ends the stream.
+const peer_role stops_after_hello("stops_after_hello", [](peer_context& p) {
+  int fd = p.connect_to_parent();
+  if (fd < 0) return 1;
+  bool stopped = false;
+  for (unsigned char byte = 0;; ++byte) {
+    if (!write_all(p.io(), fd, &byte, 1)) return p.fail(std::strerror(errno)), 1;
+    auto info = vmmc::sockets::describe(fd);
+    const bool channel = info && info->bytes_out > 0;
+    p.say(channel ? "wrote channel" : "wrote tcp");
+    if (channel && !stopped) {
+      stopped = true;
+      ::raise(SIGSTOP);
+    }
+    unsigned char echo = 0;
+    ssize_t n = read_full(p.io(), fd, &echo, 1);
+    if (n == 0) break;
+    if (n != 1 || echo != byte) return p.fail("wrong echo"), 1;
+  }
+  p.io().close(fd);
+  return 0;
+});
+
+// Issue 14 ("no stall of other peers"): the server's end imports the
+// client's area when it meets the client's hello, which asks the client's
+// process. Stopped (SIGSTOP), it did not answer, and the server's read and
+// write waited 5 s: an event-driven server with it, and every other client.
+// Kernel TCP does not wait for a stopped peer at all. The server's writes
+// now stay on TCP a while, and switch once the client answers again.
+TEST(UpgradeOnUse, AStoppedClientDoesNotHoldUpTheServer) {
+  int port = 0;
+  const int listener = listen_loopback(vmmc_api, &port);
+  ASSERT_GE(listener, 0) << std::strerror(errno);
+  peer client("stops_after_hello", vmmc_api, {std::to_string(port)});
+  const int server = accept_within(vmmc_api, listener);
+  ASSERT_GE(server, 0) << std::strerror(errno);
+  using clock = std::chrono::steady_clock;
+  std::optional<clock::duration> held;
+  const auto deadline = clock::now() + 10s;
+  unsigned char byte = 0;
+  std::string path = "not accelerated yet";
+  while (!path.empty() && clock::now() < deadline) {
+    const std::string line = client.read_line();
+    ASSERT_TRUE(line == "wrote tcp" || line == "wrote channel") << line;
+    if (line == "wrote channel" && !held) {
+      for (int i = 0; i < 500 && !fault::is_stopped(client.pid()); ++i)
+        std::this_thread::sleep_for(10ms);
+      ASSERT_TRUE(fault::is_stopped(client.pid())) << "the client did not stop";
+      const auto start = clock::now();
+      ASSERT_EQ(read_full(vmmc_api, server, &byte, 1), 1);
+      ASSERT_TRUE(write_all(vmmc_api, server, &byte, 1));
+      held = clock::now() - start;
+      ::kill(client.pid(), SIGCONT);
+      continue;
+    }
+    ASSERT_EQ(read_full(vmmc_api, server, &byte, 1), 1);
+    if (held && (path = check_accelerated(vmmc_api, server)).empty()) break;
+    ASSERT_TRUE(write_all(vmmc_api, server, &byte, 1));
+  }
+  ASSERT_TRUE(held.has_value());
+  EXPECT_LT(*held, 1s) << "the server's read and write of one byte took "
+                       << std::chrono::duration_cast<std::chrono::milliseconds>(*held).count()
+                       << " ms while the client was stopped";
+  EXPECT_EQ(path, "") << "10 s after";
+  vmmc_api.shutdown(server, SHUT_WR);
+  std::string rest;
+  EXPECT_EQ(read_to_eof(vmmc_api, server, rest), 0);
+  EXPECT_EQ(client.wait(), 0);
+  vmmc_api.close(server);
+  vmmc_api.close(listener);
 }
 
 // A plain end is known as one once the connection earned a channel: the

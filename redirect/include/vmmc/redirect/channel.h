@@ -139,8 +139,10 @@ class channel {
                  std::chrono::milliseconds patience = std::chrono::seconds(5));
   // Passive end: returns would_block until the active end's hello is in this
   // end's area; then imports the peer's area, places its own hello there and
-  // returns the peer's user payload.
-  result<std::string> accept_peer(std::string_view user_hello);
+  // returns the peer's user payload. The import waits at most `patience` for
+  // the peer, as connect's (timed_out: call again later).
+  result<std::string> accept_peer(std::string_view user_hello,
+                                  std::chrono::milliseconds patience = std::chrono::seconds(5));
   // After connect(): the passive end's user payload once it arrived, else
   // would_block.
   result<std::string> peer_hello();
