@@ -155,14 +155,18 @@ const std::string& excluded() {
   return never;
 }
 
+// Without rules, nothing to look at: the peer's address as text (inet_ntop)
+// was a tenth of the user time of a preloaded connection per request.
 bool allowed(const sockaddr* local, const sockaddr* peer) {
   const std::string& only = only_ports();
   const std::string& never = excluded();
-  std::string peer_address = address_of(peer);
+  if (only.empty() && never.empty()) return true;
   int ports[2] = {port_of(local), port_of(peer)};
-  if (!never.empty())
+  if (!never.empty()) {
+    const std::string peer_address = address_of(peer);
     for (int p : ports)
       if (listed(never, p, peer_address)) return false;
+  }
   if (only.empty()) return true;
   for (int p : ports)
     if (p >= 0 && listed(only, p, "")) return true;

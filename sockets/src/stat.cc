@@ -345,7 +345,8 @@ bool describe_row(stream& s, page::row& r) {
     if (r.is_client && s.ask_later.load() && why == fallback::refused)
       r.protocol_bytes_in = 1 + sizeof(wire::hello_frame);
   }
-  std::snprintf(r.path, sizeof r.path, "%s", path.c_str());
+  // Cut to the field (zeroed by the caller: the NUL stays).
+  std::memcpy(r.path, path.data(), std::min(path.size(), sizeof r.path - 1));
   r.in_use = 1;
   return true;
 }
