@@ -1,250 +1,268 @@
-// preload/src/preload.cc: the LD_PRELOAD interposer. It only forwards.
+// preload/src/preload.cc: the LD_PRELOAD interposer, as loaded with every
+// program. It wraps the calls in calls.def and passes each on to libc (the
+// next definition, dlsym(RTLD_NEXT)) until the process meets a TCP socket:
+// it makes one (socket), accepts or connects one, or makes an epoll set
+// (which may come to hold one, and must be known from its start). Then it
+// loads its engine (engine.cc, beside it), which brings the sockets layer,
+// and passes every call to the engine from then on. A program that execs
+// another with connections handed over (VMMC_SOCKETS_INHERIT) loads it at
+// once.
 //
-// Each wrapped libc call goes to vmmc::sockets, which decides what to do
-// (descriptors that are not TCP sockets go straight to the kernel there).
-// The real libc functions are resolved once with dlsym(RTLD_NEXT). While a
-// thread is inside the sockets layer (or the layers below it, or libfabric)
-// a thread-local flag sends every call it makes straight to libc, so the
-// library never recurses through itself. Threads of the library's own (the
-// core's control thread, the memory monitor) call in from outside: their
-// descriptors are not managed, so sockets passes them to the kernel.
-//
-// Modelled on rdma-core's librdmacm/preload.c. Exported symbols: exactly the
-// wrapped calls plus vmmc_preload_describe (tests), see preload.map.
+// So a process that never meets a TCP socket (a shell, a compiler, /bin/true
+// run by a build) loads this module and libc's, no more: no C++ runtime, no
+// layer of ours, no thread (issue 14: 0.6 ms -> 1.4 ms per exec with the
+// sockets layer and libstdc++ loaded at start; programs that exec a lot).
+// Hence no C++ library here: no exceptions, no standard library calls, no
+// statics with dynamic initialisation (linked as C, see CMakeLists.txt).
+// Exported symbols: exactly the wrapped calls plus vmmc_preload_describe
+// (tests), see preload.map.
 #include <dlfcn.h>
 #include <errno.h>
-#include <fcntl.h>
-#include <poll.h>
 #include <pthread.h>
-#include <spawn.h>
 #include <stdarg.h>
-#include <sys/epoll.h>
-#include <sys/ioctl.h>
-#include <sys/select.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sys/sendfile.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
-#include "vmmc/sockets/socket.h"
-
-namespace so = vmmc::sockets;
-static_assert(int{SOCK_CLOEXEC} == int{EPOLL_CLOEXEC} && int{SOCK_CLOEXEC} == int{O_CLOEXEC});
+#include "calls.h"
 
 namespace {
 
-// The real libc calls, resolved once.
-struct real_calls {
-#define VMMC_REAL(ret, name, ...) ret (*name)(__VA_ARGS__);
+// libc's calls (or the next interposer's), each resolved at its first use:
+// a program pays a lookup (a microsecond) only for the calls it makes.
+vmmc_preload_calls next{};
+#define VMMC_REAL(ret, name, ...)                                            \
+  inline ret (*next_##name())(__VA_ARGS__) {                                 \
+    auto f = __atomic_load_n(&next.name, __ATOMIC_ACQUIRE);                  \
+    if (__builtin_expect(f == nullptr, 0)) {                                 \
+      f = reinterpret_cast<ret (*)(__VA_ARGS__)>(::dlsym(RTLD_NEXT, #name)); \
+      __atomic_store_n(&next.name, f, __ATOMIC_RELEASE);                     \
+    }                                                                        \
+    return f;                                                                \
+  }
 #include "calls.def"
 #undef VMMC_REAL
-} real;
 
-// This thread is in the library: go to libc. Initial-exec: the module is
-// loaded at start-up (LD_PRELOAD), so the flag is one load, not a call.
-thread_local bool inside __attribute__((tls_model("initial-exec"))) = false;
-bool active = false;  // VMMC_PRELOAD_ENABLE and resolved
-
-struct scope {
-  scope() { inside = true; }
-  ~scope() { inside = false; }
-};
-
-__attribute__((constructor)) void resolve() {
-  if (real.socket) return;
-#define VMMC_REAL(ret, name, ...) \
-  real.name = reinterpret_cast<ret (*)(__VA_ARGS__)>(::dlsym(RTLD_NEXT, #name));
+void resolve_all() {
+#define VMMC_REAL(ret, name, ...) (void)next_##name();
 #include "calls.def"
 #undef VMMC_REAL
-  scope s;
-  active = so::interposer_enabled();
-  so::interposer_install();
-  // The sockets layer's fork handlers (registered just now) run inside this
-  // guard: prepare handlers run in reverse order of registration, the others
-  // in order. Also covers forks inside libc (daemon()).
-  ::pthread_atfork([] { inside = true; }, [] { inside = false; }, [] { inside = false; });
 }
 
-// The sockets layer's own flag for this thread: set while the program
-// calls the layer directly (it links it) as well as through us.
-thread_local const bool* sockets_inside __attribute__((tls_model("initial-exec"))) = nullptr;
+// The engine's calls, once loaded (null before, and for good if it failed).
+const vmmc_preload_calls* engine = nullptr;
+pthread_once_t engine_once = PTHREAD_ONCE_INIT;
+// This thread is loading the engine: the calls the loading makes go on.
+thread_local bool loading __attribute__((tls_model("initial-exec"))) = false;
 
-inline bool bypass() {
-  if (__builtin_expect(real.socket == nullptr, 0)) resolve();
-  if (inside || !active) return true;
-  if (__builtin_expect(sockets_inside == nullptr, 0)) sockets_inside = so::inside_flag();
-  return *sockets_inside;
+inline const vmmc_preload_calls* loaded() {
+  return __atomic_load_n(&engine, __ATOMIC_ACQUIRE);
+}
+
+// The engine beside this module (same directory, in the build tree as once
+// installed).
+void load_engine() {
+  resolve_all();  // the engine passes calls on through the whole table
+  loading = true;
+  Dl_info self{};
+  char path[4096];
+  const char* error = "cannot find this module's path";
+  if (::dladdr(reinterpret_cast<void*>(&load_engine), &self) && self.dli_fname) {
+    const char* slash = ::strrchr(self.dli_fname, '/');
+    const int directory = slash ? static_cast<int>(slash - self.dli_fname + 1) : 0;
+    const int n =
+        ::snprintf(path, sizeof path, "%.*slibvmmc_preload_engine.so", directory, self.dli_fname);
+    error = "the engine's path is too long";
+    if (n > 0 && static_cast<size_t>(n) < sizeof path) {
+      void* handle = ::dlopen(path, RTLD_NOW | RTLD_LOCAL);
+      using entry_point = const vmmc_preload_calls* (*)(const vmmc_preload_calls*);
+      auto entry =
+          handle ? reinterpret_cast<entry_point>(::dlsym(handle, "vmmc_preload_engine")) : nullptr;
+      if (entry) {
+        __atomic_store_n(&engine, entry(&next), __ATOMIC_RELEASE);
+        error = nullptr;
+      } else {
+        error = ::dlerror();
+      }
+    }
+  }
+  // Calls go on to libc: the program runs as without us, and says why once.
+  if (error) ::fprintf(stderr, "vmmc-preload: engine not loaded (%s)\n", error);
+  loading = false;
+}
+
+// The process meets a TCP socket: the engine from now on.
+inline void meet() {
+  if (!loaded() && !loading) ::pthread_once(&engine_once, load_engine);
+}
+
+__attribute__((constructor)) void start() {
+  if (::getenv("VMMC_SOCKETS_INHERIT")) meet();
+}
+
+bool is_stream(int domain, int type) {
+  return (domain == AF_INET || domain == AF_INET6) && (type & 0xf) == SOCK_STREAM;
 }
 
 }  // namespace
 
-// Each wrapper: libc when inside the library (or turned off), else sockets.
-#define FORWARD(real_call, ours)       \
-  if (bypass()) return real.real_call; \
-  scope guard;                         \
-  return so::ours;
+// Each wrapper: the engine's call once it is there, else libc's.
+#define PASS(name, ...)                                                    \
+  if (const vmmc_preload_calls* e = loaded()) return e->name(__VA_ARGS__); \
+  return next_##name()(__VA_ARGS__);
 
 extern "C" {
 
-// What libfabric opens for the stack (it calls these from inside) is
-// close-on-exec: so::stack_cloexec().
 int socket(int domain, int type, int protocol) {
-  FORWARD(socket(domain, type | so::stack_cloexec(), protocol), socket(domain, type, protocol));
+  if (is_stream(domain, type)) meet();
+  PASS(socket, domain, type, protocol);
 }
 int socketpair(int domain, int type, int protocol, int fds[2]) {
-  if (!real.socketpair) resolve();
-  return real.socketpair(domain, type | so::stack_cloexec(), protocol, fds);
+  PASS(socketpair, domain, type, protocol, fds);
 }
 int bind(int fd, const sockaddr* address, socklen_t length) {
-  FORWARD(bind(fd, address, length), bind(fd, address, length));
+  PASS(bind, fd, address, length);
 }
 int listen(int fd, int backlog) {
-  FORWARD(listen(fd, backlog), listen(fd, backlog));
+  PASS(listen, fd, backlog);
 }
+// A listener or connection made before us (inherited: inetd, systemd).
 int accept(int fd, sockaddr* address, socklen_t* length) {
-  FORWARD(accept4(fd, address, length, so::stack_cloexec()), accept(fd, address, length));
+  meet();
+  PASS(accept, fd, address, length);
 }
 int accept4(int fd, sockaddr* address, socklen_t* length, int flags) {
-  FORWARD(accept4(fd, address, length, flags | so::stack_cloexec()),
-          accept4(fd, address, length, flags));
+  meet();
+  PASS(accept4, fd, address, length, flags);
 }
 int connect(int fd, const sockaddr* address, socklen_t length) {
-  FORWARD(connect(fd, address, length), connect(fd, address, length));
+  if (!loaded() && address && length >= sizeof(sa_family_t) &&
+      (address->sa_family == AF_INET || address->sa_family == AF_INET6)) {
+    int type = 0;
+    socklen_t size = sizeof type;
+    if (next_getsockopt()(fd, SOL_SOCKET, SO_TYPE, &type, &size) == 0 && type == SOCK_STREAM)
+      meet();
+  }
+  PASS(connect, fd, address, length);
 }
 
 ssize_t read(int fd, void* buffer, size_t length) {
-  FORWARD(read(fd, buffer, length), read(fd, buffer, length));
+  PASS(read, fd, buffer, length);
 }
 ssize_t __read_chk(int fd, void* buffer, size_t length, size_t buffer_length) {
-  if (length > buffer_length) return real.__read_chk(fd, buffer, length, buffer_length);
-  FORWARD(read(fd, buffer, length), read(fd, buffer, length));
+  PASS(__read_chk, fd, buffer, length, buffer_length);
 }
 ssize_t write(int fd, const void* buffer, size_t length) {
-  FORWARD(write(fd, buffer, length), write(fd, buffer, length));
+  PASS(write, fd, buffer, length);
 }
 ssize_t readv(int fd, const iovec* iov, int count) {
-  FORWARD(readv(fd, iov, count), readv(fd, iov, count));
+  PASS(readv, fd, iov, count);
 }
 ssize_t writev(int fd, const iovec* iov, int count) {
-  FORWARD(writev(fd, iov, count), writev(fd, iov, count));
+  PASS(writev, fd, iov, count);
 }
 ssize_t recv(int fd, void* buffer, size_t length, int flags) {
-  FORWARD(recv(fd, buffer, length, flags), recv(fd, buffer, length, flags));
+  PASS(recv, fd, buffer, length, flags);
 }
 ssize_t __recv_chk(int fd, void* buffer, size_t length, size_t buffer_length, int flags) {
-  if (length > buffer_length) return real.__recv_chk(fd, buffer, length, buffer_length, flags);
-  FORWARD(recv(fd, buffer, length, flags), recv(fd, buffer, length, flags));
+  PASS(__recv_chk, fd, buffer, length, buffer_length, flags);
 }
 ssize_t send(int fd, const void* buffer, size_t length, int flags) {
-  FORWARD(send(fd, buffer, length, flags), send(fd, buffer, length, flags));
+  PASS(send, fd, buffer, length, flags);
 }
 ssize_t recvfrom(int fd, void* buffer, size_t length, int flags, sockaddr* address,
                  socklen_t* address_length) {
-  FORWARD(recvfrom(fd, buffer, length, flags, address, address_length),
-          recvfrom(fd, buffer, length, flags, address, address_length));
+  PASS(recvfrom, fd, buffer, length, flags, address, address_length);
 }
 ssize_t __recvfrom_chk(int fd, void* buffer, size_t length, size_t buffer_length, int flags,
                        sockaddr* address, socklen_t* address_length) {
-  if (length > buffer_length)
-    return real.__recvfrom_chk(fd, buffer, length, buffer_length, flags, address, address_length);
-  FORWARD(recvfrom(fd, buffer, length, flags, address, address_length),
-          recvfrom(fd, buffer, length, flags, address, address_length));
+  PASS(__recvfrom_chk, fd, buffer, length, buffer_length, flags, address, address_length);
 }
 ssize_t sendto(int fd, const void* buffer, size_t length, int flags, const sockaddr* address,
                socklen_t address_length) {
-  FORWARD(sendto(fd, buffer, length, flags, address, address_length),
-          sendto(fd, buffer, length, flags, address, address_length));
+  PASS(sendto, fd, buffer, length, flags, address, address_length);
 }
 ssize_t recvmsg(int fd, msghdr* message, int flags) {
-  FORWARD(recvmsg(fd, message, flags), recvmsg(fd, message, flags));
+  PASS(recvmsg, fd, message, flags);
 }
 ssize_t sendmsg(int fd, const msghdr* message, int flags) {
-  FORWARD(sendmsg(fd, message, flags), sendmsg(fd, message, flags));
+  PASS(sendmsg, fd, message, flags);
 }
 int recvmmsg(int fd, mmsghdr* messages, unsigned int count, int flags, timespec* timeout) {
-  FORWARD(recvmmsg(fd, messages, count, flags, timeout),
-          recvmmsg(fd, messages, count, flags, timeout));
+  PASS(recvmmsg, fd, messages, count, flags, timeout);
 }
 int sendmmsg(int fd, mmsghdr* messages, unsigned int count, int flags) {
-  FORWARD(sendmmsg(fd, messages, count, flags), sendmmsg(fd, messages, count, flags));
+  PASS(sendmmsg, fd, messages, count, flags);
 }
 ssize_t sendfile(int out_fd, int in_fd, off_t* offset, size_t count) {
-  FORWARD(sendfile(out_fd, in_fd, offset, count), sendfile(out_fd, in_fd, offset, count));
+  PASS(sendfile, out_fd, in_fd, offset, count);
 }
 ssize_t sendfile64(int out_fd, int in_fd, off64_t* offset, size_t count) {
-  FORWARD(sendfile64(out_fd, in_fd, offset, count), sendfile(out_fd, in_fd, offset, count));
+  PASS(sendfile64, out_fd, in_fd, offset, count);
 }
 
 int poll(pollfd* fds, nfds_t count, int timeout_ms) {
-  FORWARD(poll(fds, count, timeout_ms), poll(fds, count, timeout_ms));
+  PASS(poll, fds, count, timeout_ms);
 }
 int __poll_chk(pollfd* fds, nfds_t count, int timeout_ms, size_t fds_length) {
-  if (fds_length / sizeof(pollfd) < count)
-    return real.__poll_chk(fds, count, timeout_ms, fds_length);
-  FORWARD(poll(fds, count, timeout_ms), poll(fds, count, timeout_ms));
+  PASS(__poll_chk, fds, count, timeout_ms, fds_length);
 }
 int ppoll(pollfd* fds, nfds_t count, const timespec* timeout, const sigset_t* mask) {
-  FORWARD(ppoll(fds, count, timeout, mask), ppoll(fds, count, timeout, mask));
+  PASS(ppoll, fds, count, timeout, mask);
 }
 int __ppoll_chk(pollfd* fds, nfds_t count, const timespec* timeout, const sigset_t* mask,
                 size_t fds_length) {
-  if (fds_length / sizeof(pollfd) < count)
-    return real.__ppoll_chk(fds, count, timeout, mask, fds_length);
-  FORWARD(ppoll(fds, count, timeout, mask), ppoll(fds, count, timeout, mask));
+  PASS(__ppoll_chk, fds, count, timeout, mask, fds_length);
 }
 int select(int nfds, fd_set* readable, fd_set* writable, fd_set* exceptional, timeval* timeout) {
-  FORWARD(select(nfds, readable, writable, exceptional, timeout),
-          select(nfds, readable, writable, exceptional, timeout));
+  PASS(select, nfds, readable, writable, exceptional, timeout);
 }
 int pselect(int nfds, fd_set* readable, fd_set* writable, fd_set* exceptional,
             const timespec* timeout, const sigset_t* mask) {
-  FORWARD(pselect(nfds, readable, writable, exceptional, timeout, mask),
-          pselect(nfds, readable, writable, exceptional, timeout, mask));
+  PASS(pselect, nfds, readable, writable, exceptional, timeout, mask);
 }
+// The sockets layer knows an epoll set from its making.
 int epoll_create(int size) {
-  if (bypass() && so::stack_cloexec()) return real.epoll_create1(EPOLL_CLOEXEC);
-  FORWARD(epoll_create(size), epoll_create(size));
+  meet();
+  PASS(epoll_create, size);
 }
 int epoll_create1(int flags) {
-  FORWARD(epoll_create1(flags | so::stack_cloexec()), epoll_create1(flags));
+  meet();
+  PASS(epoll_create1, flags);
 }
 int epoll_ctl(int epfd, int op, int fd, epoll_event* event) {
-  FORWARD(epoll_ctl(epfd, op, fd, event), epoll_ctl(epfd, op, fd, event));
+  PASS(epoll_ctl, epfd, op, fd, event);
 }
 int epoll_wait(int epfd, epoll_event* events, int max_events, int timeout_ms) {
-  FORWARD(epoll_wait(epfd, events, max_events, timeout_ms),
-          epoll_wait(epfd, events, max_events, timeout_ms));
+  PASS(epoll_wait, epfd, events, max_events, timeout_ms);
 }
 int epoll_pwait(int epfd, epoll_event* events, int max_events, int timeout_ms,
                 const sigset_t* mask) {
-  FORWARD(epoll_pwait(epfd, events, max_events, timeout_ms, mask),
-          epoll_pwait(epfd, events, max_events, timeout_ms, mask));
+  PASS(epoll_pwait, epfd, events, max_events, timeout_ms, mask);
 }
 
 int close(int fd) {
-  FORWARD(close(fd), close(fd));
+  PASS(close, fd);
 }
 int shutdown(int fd, int how) {
-  FORWARD(shutdown(fd, how), shutdown(fd, how));
+  PASS(shutdown, fd, how);
 }
 int close_range(unsigned int first, unsigned int last, int flags) {
-  FORWARD(close_range(first, last, flags), close_range(first, last, flags));
+  PASS(close_range, first, last, flags);
 }
 void closefrom(int lowest) {
-  if (bypass()) return real.closefrom(lowest);
-  scope guard;
-  if (so::close_range(static_cast<unsigned int>(lowest), ~0U, 0) != 0) {
-    // As glibc: without close_range, close one by one.
-    for (int fd = lowest; fd < ::sysconf(_SC_OPEN_MAX); ++fd) so::close(fd);
-  }
+  PASS(closefrom, lowest);
 }
 int dup(int fd) {
-  FORWARD(dup(fd), dup(fd));
+  PASS(dup, fd);
 }
 int dup2(int fd, int target) {
-  FORWARD(dup2(fd, target), dup2(fd, target));
+  PASS(dup2, fd, target);
 }
 int dup3(int fd, int target, int flags) {
-  FORWARD(dup3(fd, target, flags), dup3(fd, target, flags));
+  PASS(dup3, fd, target, flags);
 }
 // fcntl's argument is an int or a pointer; a long carries either (LP64).
 int fcntl(int fd, int command, ...) {
@@ -252,69 +270,60 @@ int fcntl(int fd, int command, ...) {
   va_start(args, command);
   long argument = va_arg(args, long);
   va_end(args);
-  FORWARD(fcntl(fd, command, argument), fcntl(fd, command, argument));
+  PASS(fcntl, fd, command, argument);
 }
 int fcntl64(int fd, int command, ...) {
   va_list args;
   va_start(args, command);
   long argument = va_arg(args, long);
   va_end(args);
-  FORWARD(fcntl64(fd, command, argument), fcntl(fd, command, argument));
+  PASS(fcntl64, fd, command, argument);
 }
 int ioctl(int fd, unsigned long request, ...) {
   va_list args;
   va_start(args, request);
   void* argument = va_arg(args, void*);
   va_end(args);
-  FORWARD(ioctl(fd, request, argument), ioctl(fd, request, argument));
+  PASS(ioctl, fd, request, argument);
 }
 int getsockopt(int fd, int level, int name, void* value, socklen_t* length) {
-  FORWARD(getsockopt(fd, level, name, value, length), getsockopt(fd, level, name, value, length));
+  PASS(getsockopt, fd, level, name, value, length);
 }
 int setsockopt(int fd, int level, int name, const void* value, socklen_t length) {
-  FORWARD(setsockopt(fd, level, name, value, length), setsockopt(fd, level, name, value, length));
+  PASS(setsockopt, fd, level, name, value, length);
 }
 int getsockname(int fd, sockaddr* address, socklen_t* length) {
-  FORWARD(getsockname(fd, address, length), getsockname(fd, address, length));
+  PASS(getsockname, fd, address, length);
 }
 int getpeername(int fd, sockaddr* address, socklen_t* length) {
-  FORWARD(getpeername(fd, address, length), getpeername(fd, address, length));
+  PASS(getpeername, fd, address, length);
 }
-
-// exec: every accelerated connection the new image could inherit goes back
-// to kernel TCP first (see README.md). The execl* forms gather their
-// arguments and go through the array forms.
-#define EXEC(real_call, prepared_call) \
-  if (bypass()) return real.real_call; \
-  scope guard;                         \
-  return real.prepared_call;
 
 int execve(const char* path, char* const argv[], char* const envp[]) {
-  EXEC(execve(path, argv, envp), execve(path, argv, so::prepare_exec(envp)));
+  PASS(execve, path, argv, envp);
 }
 int execv(const char* path, char* const argv[]) {
-  EXEC(execv(path, argv), execve(path, argv, so::prepare_exec(environ)));
+  PASS(execv, path, argv);
 }
 int execvp(const char* file, char* const argv[]) {
-  EXEC(execvp(file, argv), execvpe(file, argv, so::prepare_exec(environ)));
+  PASS(execvp, file, argv);
 }
 int execvpe(const char* file, char* const argv[], char* const envp[]) {
-  EXEC(execvpe(file, argv, envp), execvpe(file, argv, so::prepare_exec(envp)));
+  PASS(execvpe, file, argv, envp);
 }
 int fexecve(int fd, char* const argv[], char* const envp[]) {
-  EXEC(fexecve(fd, argv, envp), fexecve(fd, argv, so::prepare_exec(envp)));
+  PASS(fexecve, fd, argv, envp);
 }
-
 int posix_spawn(pid_t* pid, const char* path, const posix_spawn_file_actions_t* actions,
                 const posix_spawnattr_t* attributes, char* const argv[], char* const envp[]) {
-  EXEC(posix_spawn(pid, path, actions, attributes, argv, envp),
-       posix_spawn(pid, path, actions, attributes, argv, so::prepare_exec(envp)));
+  PASS(posix_spawn, pid, path, actions, attributes, argv, envp);
 }
 int posix_spawnp(pid_t* pid, const char* file, const posix_spawn_file_actions_t* actions,
                  const posix_spawnattr_t* attributes, char* const argv[], char* const envp[]) {
-  EXEC(posix_spawnp(pid, file, actions, attributes, argv, envp),
-       posix_spawnp(pid, file, actions, attributes, argv, so::prepare_exec(envp)));
+  PASS(posix_spawnp, pid, file, actions, attributes, argv, envp);
 }
+
+}  // extern "C"
 
 namespace {
 // The argument list of an execl* call, up to its null (and envp after it).
@@ -328,6 +337,9 @@ int gather(const char* first, va_list args, char** argv, int capacity, char*** e
 }
 }  // namespace
 
+extern "C" {
+
+// The execl* forms go through the array forms above.
 int execl(const char* path, const char* arg, ...) {
   char* argv[4096];
   va_list args;
@@ -355,11 +367,11 @@ int execle(const char* path, const char* arg, ...) {
 }
 
 // For tests and diagnostics: a one-line description of `fd` into `out`;
-// returns its length, or -1 for a descriptor the library does not manage.
+// returns its length, or -1 for a descriptor the library does not manage
+// (all of them before the engine is loaded).
 int vmmc_preload_describe(int fd, char* out, size_t length) {
-  if (!real.socket) resolve();
-  scope guard;
-  return so::describe_line(fd, out, length);
+  const vmmc_preload_calls* e = loaded();
+  return e ? e->describe(fd, out, length) : -1;
 }
 
 }  // extern "C"

@@ -63,7 +63,8 @@ for layer in core redirect sockets vrpc nx; do
   [[ $(pkg-config --modversion "vmmc-$layer") == "$version" ]] || fail "vmmc-$layer.pc: another version"
 done
 for f in include/vmmc/core/context.h include/vmmc/sockets/socket.h include/vmmc/vrpc/vrpc.h \
-  include/vmmc/nx/nx.h lib/$arch/vmmc/libvmmc_preload.so lib/$arch/vmmc/libvrpc_preload.so \
+  include/vmmc/nx/nx.h lib/$arch/vmmc/libvmmc_preload.so lib/$arch/vmmc/libvmmc_preload_engine.so \
+  lib/$arch/vmmc/libvrpc_preload.so \
   lib/$arch/cmake/vmmc/vmmc-config.cmake bin/nxf77 bin/nxfort; do
   [[ -f $prefix/$f ]] || fail "not installed: $f"
 done
@@ -253,9 +254,12 @@ refused() {
 mv "$libdir/vmmc/libvmmc_preload.so" moved.so
 refused "a missing module" "cannot find the interposer module $module_dir/libvmmc_preload.so" touch ran
 mv moved.so "$libdir/vmmc/libvmmc_preload.so"
+mv "$libdir/vmmc/libvmmc_preload_engine.so" moved.so
+refused "a missing engine" "cannot find the interposer's engine $module_dir/libvmmc_preload_engine.so" touch ran
+mv moved.so "$libdir/vmmc/libvmmc_preload_engine.so"
 sockets_soname=$(readelf -d "$libdir/libvmmc_sockets.so" | sed -n 's/.*Library soname: \[\(.*\)\]/\1/p')
 mv "$libdir/$sockets_soname" moved.so
-refused "a library the module needs" "cannot be loaded: $sockets_soname not found" touch ran
+refused "a library the module's engine needs" "cannot be loaded: $sockets_soname not found" touch ran
 mv moved.so "$libdir/$sockets_soname"
 { "$bin/vmmc-run" touch ran && [[ -e ran ]]; } || fail "vmmc-run does not run the program once restored"
 rm ran

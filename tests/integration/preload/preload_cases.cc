@@ -1380,6 +1380,55 @@ int lazy_case() {
   return 0;
 }
 
+// ---- a process that never meets a TCP socket loads no layer of ours
+// (issue 14, items 2 and 13): every exec under the interposer loaded the
+// sockets layer, the layers below it and the C++ runtime (/bin/true: 0.6 ms
+// -> 1.4 ms), so programs that exec a lot became slower. UDP, pipes, a Unix
+// socket pair, poll and fork leave it out; the first TCP socket brings it.
+bool mapped(const char* name) {
+  bool found = false;
+  if (FILE* f = std::fopen("/proc/self/maps", "r")) {
+    char line[4096];
+    while (!found && std::fgets(line, sizeof line, f)) found = std::strstr(line, name) != nullptr;
+    std::fclose(f);
+  }
+  return found;
+}
+
+int lean_case() {
+  int u = ::socket(AF_INET, SOCK_DGRAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  check(::bind(u, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0, "udp bind");
+  socklen_t len = sizeof a;
+  ::getsockname(u, reinterpret_cast<sockaddr*>(&a), &len);
+  check(::connect(u, reinterpret_cast<sockaddr*>(&a), len) == 0, "udp connect");
+  char c = 0;
+  check(::send(u, "u", 1, 0) == 1 && ::recv(u, &c, 1, 0) == 1 && c == 'u', "udp echo");
+  int p[2], pair[2];
+  check(::pipe(p) == 0 && ::write(p[1], "p", 1) == 1, "pipe");
+  pollfd ready{p[0], POLLIN, 0};
+  check(::poll(&ready, 1, 1000) == 1 && ::read(p[0], &c, 1) == 1, "poll on a pipe");
+  check(::socketpair(AF_UNIX, SOCK_STREAM, 0, pair) == 0 && ::write(pair[0], "s", 1) == 1 &&
+            ::read(pair[1], &c, 1) == 1,
+        "unix socket pair");
+  pid_t child = ::fork();
+  if (child == 0) ::_exit(mapped("libvmmc_sockets") ? 1 : 0);
+  reap(child, "forked child");
+  for (const char* layer :
+       {"libvmmc_preload_engine", "libvmmc_sockets", "libvmmc_redirect", "libvmmc_core"})
+    if (mapped(layer)) {
+      std::fprintf(stderr, "FAIL: %s loaded in a process that met no TCP socket\n", layer);
+      return 1;
+    }
+  describe_preloaded(u);  // the query symbol answers without it
+  int t = ::socket(AF_INET, SOCK_STREAM, 0);
+  check(t >= 0 && mapped("libvmmc_sockets"), "a TCP socket brings the sockets layer");
+  ::close(t);
+  return 0;
+}
+
 // ---- a short connection pays for no channel (issue 14, item 5): a
 // client's channel comes only once its connection has made
 // VMMC_SOCKETS_UPGRADE_AFTER reads and writes (default 16) or moved 256 KiB.
@@ -1986,6 +2035,7 @@ int main(int argc, char** argv) {
   if (role == "inetd") return exec_case(true);
   if (role == "one-side") return one_side_case();
   if (role == "lazy") return lazy_case();
+  if (role == "lean") return lean_case();
   if (role == "deferred") return deferred_case();
   if (role == "dup") return dup_case();
   if (role == "unanswered-fork") return unanswered_fork_case();
