@@ -16,17 +16,15 @@
 // statics with dynamic initialisation (linked as C, see CMakeLists.txt).
 // Exported symbols: exactly the wrapped calls plus vmmc_preload_describe
 // (tests), see preload.map.
-#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <sys/sendfile.h>
 #include <unistd.h>
 
 #include "calls.h"
+#include "engine_loader.h"
 
 namespace {
 
@@ -61,41 +59,24 @@ inline const vmmc_preload_calls* loaded() {
   return __atomic_load_n(&engine, __ATOMIC_ACQUIRE);
 }
 
-// The engine beside this module (same directory, in the build tree as once
-// installed).
 void load_engine() {
   resolve_all();  // the engine passes calls on through the whole table
   loading = true;
-  Dl_info self{};
-  char path[4096];
-  const char* error = "cannot find this module's path";
-  if (::dladdr(reinterpret_cast<void*>(&load_engine), &self) && self.dli_fname) {
-    const char* slash = ::strrchr(self.dli_fname, '/');
-    const int directory = slash ? static_cast<int>(slash - self.dli_fname + 1) : 0;
-    const int n =
-        ::snprintf(path, sizeof path, "%.*slibvmmc_preload_engine.so", directory, self.dli_fname);
-    error = "the engine's path is too long";
-    if (n > 0 && static_cast<size_t>(n) < sizeof path) {
-      void* handle = ::dlopen(path, RTLD_NOW | RTLD_LOCAL);
-      using entry_point = const vmmc_preload_calls* (*)(const vmmc_preload_calls*);
-      auto entry =
-          handle ? reinterpret_cast<entry_point>(::dlsym(handle, "vmmc_preload_engine")) : nullptr;
-      if (entry) {
-        __atomic_store_n(&engine, entry(&next), __ATOMIC_RELEASE);
-        error = nullptr;
-      } else {
-        error = ::dlerror();
-      }
-    }
-  }
-  // Calls go on to libc: the program runs as without us, and says why once.
-  if (error) ::fprintf(stderr, "vmmc-preload: engine not loaded (%s)\n", error);
+  using entry_point = const vmmc_preload_calls* (*)(const vmmc_preload_calls*);
+  if (auto entry = reinterpret_cast<entry_point>(vmmc::preload::engine_entry(
+          reinterpret_cast<void*>(&load_engine), "libvmmc_preload_engine.so", "vmmc_preload_engine",
+          "vmmc-preload")))
+    __atomic_store_n(&engine, entry(&next), __ATOMIC_RELEASE);
   loading = false;
 }
 
 // The process meets a TCP socket: the engine from now on.
+void load_engine_roomily() {
+  vmmc::preload::on_roomy_stack(load_engine);
+}
+
 inline void meet() {
-  if (!loaded() && !loading) ::pthread_once(&engine_once, load_engine);
+  if (!loaded() && !loading) ::pthread_once(&engine_once, load_engine_roomily);
 }
 
 __attribute__((constructor)) void start() {

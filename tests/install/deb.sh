@@ -56,6 +56,7 @@ grep -v -e '^usr/' -e '^$' contents.txt && fail "files outside /usr"
 for f in usr/bin/vmmc-run usr/bin/vmmc-settings usr/bin/nxrun usr/bin/nxcc usr/bin/nxf77 \
   usr/include/vmmc/core/context.h usr/include/vmmc/nx/nx.h usr/include/vmmc/vrpc/vrpc.h \
   $lib/vmmc/libvmmc_preload.so $lib/vmmc/libvmmc_preload_engine.so $lib/vmmc/libvrpc_preload.so \
+  $lib/vmmc/libvrpc_preload_engine.so \
   $lib/cmake/vmmc/vmmc-config.cmake \
   $lib/pkgconfig/vmmc-core.pc $lib/pkgconfig/vmmc-sockets.pc $lib/pkgconfig/vmmc-vrpc.pc \
   $lib/pkgconfig/vmmc-nx.pc usr/share/man/man1/vmmc-run.1 usr/share/man/man1/vmmc-settings.1 \

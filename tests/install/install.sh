@@ -64,7 +64,7 @@ for layer in core redirect sockets vrpc nx; do
 done
 for f in include/vmmc/core/context.h include/vmmc/sockets/socket.h include/vmmc/vrpc/vrpc.h \
   include/vmmc/nx/nx.h lib/$arch/vmmc/libvmmc_preload.so lib/$arch/vmmc/libvmmc_preload_engine.so \
-  lib/$arch/vmmc/libvrpc_preload.so \
+  lib/$arch/vmmc/libvrpc_preload.so lib/$arch/vmmc/libvrpc_preload_engine.so \
   lib/$arch/cmake/vmmc/vmmc-config.cmake bin/nxf77 bin/nxfort; do
   [[ -f $prefix/$f ]] || fail "not installed: $f"
 done

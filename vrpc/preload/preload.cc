@@ -1,86 +1,94 @@
-// vrpc/preload/preload.cc: libvrpc_preload.so, which upgrades an unmodified,
-// already-built libtirpc client to vRPC at run time (LD_PRELOAD).
-//
-// Every connection-oriented client libtirpc makes (clnt_create and its
-// _timed/_vers variants, clnt_tp_create[_timed], clnt_tli_create,
-// clnttcp_create, or clnt_vc_create called directly) ends in clnt_vc_create,
-// which libtirpc calls through its PLT: that one call is interposed. By then
-// libtirpc has done everything as it always does (rpcbind lookup, its own
-// timeouts and errors, the socket with its options, a reserved port bound
-// by the program): we only connect that socket through vmmc::sockets and
-// return a vRPC CLIENT on it. It is upgraded in-band during the first call
-// if the server speaks VMMC, and stays kernel TCP (with clnt_vc's behaviour)
-// otherwise: no extra connection, no extra call, nothing in clnt_geterr.
-// Sockets that are already connected, other families and rpcbind's own port
-// go to libtirpc unchanged.
-//
-// Like rdma-core's preload: the real function is found once with
-// dlsym(RTLD_NEXT), and all behaviour lives in the library below.
-#include <dlfcn.h>
-#include <netinet/in.h>
-#include <rpc/rpc.h>
-#include <sys/epoll.h>
-#include <sys/socket.h>
+// vrpc/preload/preload.cc: libvrpc_preload.so as loaded with every program.
+// It wraps clnt_vc_create, where every connection-oriented libtirpc client
+// ends (engine.cc), and the descriptor-creating calls, and passes each on
+// (RTLD_NEXT: libtirpc's, libc's) until the program makes such a client.
+// Then it loads its engine (beside it), which brings vRPC and the sockets
+// layer, and passes every call to the engine from then on. A program that
+// makes no RPC client (a shell, /bin/true under vmmc-run --rpc) loads
+// nothing else of ours: no C++ runtime, no libtirpc (2.0 ms per exec with
+// them loaded at start, against 0.6). Linked as C (see preload.cc of
+// libvmmc_preload).
+#include <pthread.h>
 
-#include "vmmc/sockets/socket.h"
-#include "vmmc/vrpc/vrpc.h"
+#include "calls.h"
+#include "engine_loader.h"
 
 namespace {
 
-template <class F>
-F real(const char* name) {
-  return reinterpret_cast<F>(dlsym(RTLD_NEXT, name));
+vrpc_preload_calls next{};
+pthread_once_t next_once = PTHREAD_ONCE_INIT;
+bool next_resolved = false;
+
+void resolve() {
+  next.clnt_vc_create =
+      reinterpret_cast<decltype(next.clnt_vc_create)>(::dlsym(RTLD_NEXT, "clnt_vc_create"));
+  next.socket = reinterpret_cast<decltype(next.socket)>(::dlsym(RTLD_NEXT, "socket"));
+  next.socketpair = reinterpret_cast<decltype(next.socketpair)>(::dlsym(RTLD_NEXT, "socketpair"));
+  next.accept = reinterpret_cast<decltype(next.accept)>(::dlsym(RTLD_NEXT, "accept"));
+  next.accept4 = reinterpret_cast<decltype(next.accept4)>(::dlsym(RTLD_NEXT, "accept4"));
+  next.epoll_create =
+      reinterpret_cast<decltype(next.epoll_create)>(::dlsym(RTLD_NEXT, "epoll_create"));
+  next.epoll_create1 =
+      reinterpret_cast<decltype(next.epoll_create1)>(::dlsym(RTLD_NEXT, "epoll_create1"));
+  __atomic_store_n(&next_resolved, true, __ATOMIC_RELEASE);
 }
 
-constexpr std::uint16_t rpcbind_port = 111;
+inline const vrpc_preload_calls& passed_on() {
+  if (__builtin_expect(!__atomic_load_n(&next_resolved, __ATOMIC_ACQUIRE), 0))
+    ::pthread_once(&next_once, resolve);
+  return next;
+}
 
-// An IPv4 server address other than rpcbind's (whose lookups gain nothing).
-bool ours_to_take(const netbuf* raddr) {
-  if (!raddr || !raddr->buf || raddr->len != sizeof(sockaddr_in)) return false;
-  const auto* a = static_cast<const sockaddr_in*>(raddr->buf);
-  return a->sin_family == AF_INET && ntohs(a->sin_port) != rpcbind_port;
+const vrpc_preload_calls* engine = nullptr;
+pthread_once_t engine_once = PTHREAD_ONCE_INIT;
+
+inline const vrpc_preload_calls* loaded() {
+  return __atomic_load_n(&engine, __ATOMIC_ACQUIRE);
+}
+
+void load_engine() {
+  (void)passed_on();
+  using entry_point = const vrpc_preload_calls* (*)(const vrpc_preload_calls*);
+  if (auto entry = reinterpret_cast<entry_point>(vmmc::preload::engine_entry(
+          reinterpret_cast<void*>(&load_engine), "libvrpc_preload_engine.so", "vrpc_preload_engine",
+          "vrpc-preload")))
+    __atomic_store_n(&engine, entry(&next), __ATOMIC_RELEASE);
+}
+
+void load_engine_roomily() {
+  vmmc::preload::on_roomy_stack(load_engine);
 }
 
 }  // namespace
+
+#define PASS(name, ...)                                                    \
+  if (const vrpc_preload_calls* e = loaded()) return e->name(__VA_ARGS__); \
+  return passed_on().name(__VA_ARGS__);
 
 extern "C" {
 
 CLIENT* clnt_vc_create(int fd, const netbuf* raddr, rpcprog_t prog, rpcvers_t vers, u_int sendsz,
                        u_int recvsz) {
-  static auto next =
-      real<CLIENT* (*)(int, const netbuf*, rpcprog_t, rpcvers_t, u_int, u_int)>("clnt_vc_create");
-  if (ours_to_take(raddr) && vmmc::sockets::take_over(fd) == 0)
-    return clnt_vmmc_vc_create(fd, raddr, prog, vers);
-  return next(fd, raddr, prog, vers, sendsz, recvsz);
+  ::pthread_once(&engine_once, load_engine_roomily);
+  PASS(clnt_vc_create, fd, raddr, prog, vers, sendsz, recvsz);
 }
-
-// The calls by which libfabric opens descriptors for the stack: what it
-// opens is close-on-exec (sockets::stack_cloexec()), so no child of the
-// program inherits it. Every other call passes unchanged.
 int socket(int domain, int type, int protocol) {
-  static auto next = real<int (*)(int, int, int)>("socket");
-  return next(domain, type | vmmc::sockets::stack_cloexec(), protocol);
+  PASS(socket, domain, type, protocol);
 }
 int socketpair(int domain, int type, int protocol, int fds[2]) {
-  static auto next = real<int (*)(int, int, int, int*)>("socketpair");
-  return next(domain, type | vmmc::sockets::stack_cloexec(), protocol, fds);
+  PASS(socketpair, domain, type, protocol, fds);
 }
 int accept(int fd, sockaddr* address, socklen_t* length) {
-  static auto next = real<int (*)(int, sockaddr*, socklen_t*, int)>("accept4");
-  return next(fd, address, length, vmmc::sockets::stack_cloexec());
+  PASS(accept, fd, address, length);
 }
 int accept4(int fd, sockaddr* address, socklen_t* length, int flags) {
-  static auto next = real<int (*)(int, sockaddr*, socklen_t*, int)>("accept4");
-  return next(fd, address, length, flags | vmmc::sockets::stack_cloexec());
+  PASS(accept4, fd, address, length, flags);
 }
 int epoll_create(int size) {
-  static auto next = real<int (*)(int)>("epoll_create");
-  if (vmmc::sockets::stack_cloexec()) return epoll_create1(EPOLL_CLOEXEC);
-  return next(size);
+  PASS(epoll_create, size);
 }
 int epoll_create1(int flags) {
-  static auto next = real<int (*)(int)>("epoll_create1");
-  return next(flags | vmmc::sockets::stack_cloexec());
+  PASS(epoll_create1, flags);
 }
 
 }  // extern "C"
