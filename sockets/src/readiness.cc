@@ -103,19 +103,21 @@ bool any_channel_ready(poll_state& st) {
 // descriptors. `look(timeout_ms)` asks the kernel and our streams once (the
 // count of ready descriptors, or -1). Between looks core's wait busy-polls
 // our channels (no system call), then arms their doorbells (`arm`: false,
-// news is on its way) and the kernel's look is the sleep. The kernel's
-// descriptors get a look of their own only once the wait spins (at its
-// second turn): a wait that sleeps at once, as on a machine with more
-// runnable threads than CPUs, makes one system call, as without us (it
-// made two: 27.5k polls where pgbench's ppoll made 12.4k). Members that
-// have no channel yet (connections still deciding) give nothing to
-// busy-poll: the kernel's look is the whole wait.
+// news is on its way) and the kernel's look is the sleep. A wait over
+// descriptors only the kernel makes ready (`kernel_members`: a listener, a
+// pipe, a connection still on TCP) looks at them first, as the kernel would;
+// one over channels alone gives the kernel its first look at the spin's
+// second turn, so one that sleeps at once, as on a machine with more
+// runnable threads than CPUs, makes one system call, as without us (it made
+// two: 27.5k polls where pgbench's ppoll made 12.4k). Members that have no
+// channel yet (connections still deciding) give nothing to busy-poll: the
+// kernel's look is the whole wait.
 template <class Look, class Ready, class Arm, class HasChannels>
-int wait_for_readiness(int timeout_ms, bool deciding_only, Look look, Ready channels_ready, Arm arm,
-                       HasChannels has_channels) {
+int wait_for_readiness(int timeout_ms, bool deciding_only, bool kernel_members, Look look,
+                       Ready channels_ready, Arm arm, HasChannels has_channels) {
   const auto deadline = deadline_after(timeout_ms);
   int n = 0;
-  if (deciding_only || timeout_ms == 0) {
+  if (deciding_only || kernel_members || timeout_ms == 0) {
     n = look(deciding_only ? milliseconds_until(deadline) : 0);
     if (n != 0 || timeout_ms == 0 || clock::now() >= deadline) return n;
   }
@@ -178,9 +180,15 @@ int poll(pollfd* fds, nfds_t count, int timeout_ms) {
   };
   bool kernel_only_members = std::all_of(st.ours.begin(), st.ours.end(),
                                          [](const auto& o) { return kernel_only(*o.second); });
+  const auto valid = static_cast<std::size_t>(
+      std::count_if(fds, fds + count, [](const pollfd& p) { return p.fd >= 0; }));
+  const bool kernel_members =
+      valid > st.ours.size() || std::any_of(st.ours.begin(), st.ours.end(), [](const auto& o) {
+        return o.second->state.load(std::memory_order_relaxed) != phase::upgraded;
+      });
   return wait_for_readiness(
-      timeout_ms, kernel_only_members, look, [&] { return any_channel_ready(st); }, arm,
-      [&] { return any_channel(st); });
+      timeout_ms, kernel_only_members, kernel_members, look, [&] { return any_channel_ready(st); },
+      arm, [&] { return any_channel(st); });
 }
 
 int ppoll(pollfd* fds, nfds_t count, const timespec* timeout, const sigset_t* mask) {
@@ -453,6 +461,17 @@ bool any_channel_member(epoll_set& set) {
   return false;
 }
 
+// A member only the kernel makes ready (no channel of ours).
+bool any_kernel_member(epoll_set& set) {
+  std::lock_guard lock(set.mutex);
+  for (auto& [fd, in] : set.members) {
+    stream* s = member_stream(in);
+    if (!in.disabled && (!s || s->state.load(std::memory_order_relaxed) != phase::upgraded))
+      return true;
+  }
+  return false;
+}
+
 bool all_kernel_only(epoll_set& set) {
   std::lock_guard lock(set.mutex);
   for (auto& [fd, in] : set.members) {
@@ -542,7 +561,7 @@ int epoll_wait(int epfd, epoll_event* events, int max_events, int timeout_ms) {
   if (!set || max_events <= 0) return ::epoll_wait(epfd, events, max_events, timeout_ms);
   busy_call busy;
   return wait_for_readiness(
-      timeout_ms, all_kernel_only(*set),
+      timeout_ms, all_kernel_only(*set), any_kernel_member(*set),
       [&](int ms) { return collect(epfd, *set, events, max_events, ms); },
       [&] { return any_stream_ready(*set); }, [&] { return arm_streams(*set); },
       [&] { return any_channel_member(*set); });
