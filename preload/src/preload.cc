@@ -79,7 +79,20 @@ inline void meet() {
   if (!loaded() && !loading) ::pthread_once(&engine_once, load_engine_roomily);
 }
 
+template <class... Lookup>
+void resolve_now(Lookup... lookup) {
+  ((void)lookup(), ...);
+}
+
 __attribute__((constructor)) void start() {
+  // The calls POSIX lets a signal handler make are resolved now: dlsym is
+  // not async-signal-safe (a handler's write() to a self-pipe may be the
+  // program's first). The others wait for their first use.
+  resolve_now(next_accept, next_bind, next_close, next_connect, next_dup, next_dup2, next_execve,
+              next_fexecve, next_fcntl, next_getpeername, next_getsockname, next_getsockopt,
+              next_listen, next_poll, next_ppoll, next_pselect, next_read, next_recv, next_recvfrom,
+              next_recvmsg, next_select, next_send, next_sendmsg, next_sendto, next_setsockopt,
+              next_shutdown, next_socket, next_socketpair, next_write);
   if (::getenv("VMMC_SOCKETS_INHERIT")) meet();
 }
 

@@ -39,6 +39,12 @@ inline const vrpc_preload_calls& passed_on() {
   return next;
 }
 
+// Resolved at start: socket(), accept() and socketpair() may be called from
+// a signal handler, and dlsym may not.
+__attribute__((constructor)) void start() {
+  (void)passed_on();
+}
+
 const vrpc_preload_calls* engine = nullptr;
 pthread_once_t engine_once = PTHREAD_ONCE_INIT;
 
