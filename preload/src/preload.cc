@@ -28,8 +28,9 @@
 
 namespace {
 
-// libc's calls (or the next interposer's), each resolved at its first use:
-// a program pays a lookup (a microsecond) only for the calls it makes.
+// libc's calls (or the next interposer's), each resolved at its first use
+// (those a signal handler may make at start, see start()): a lookup costs
+// about a microsecond, paid for the calls a program makes.
 vmmc_preload_calls next{};
 #define VMMC_REAL(ret, name, ...)                                            \
   inline ret (*next_##name())(__VA_ARGS__) {                                 \
