@@ -229,6 +229,43 @@ TEST(UpgradeOnUse, AStoppedClientDoesNotHoldUpTheServer) {
   vmmc_api.close(listener);
 }
 
+// A client that reads urgent bytes inline (SO_OOBINLINE) sees the server's
+// answer, accept byte and hello frame, as ordinary bytes at the head of its
+// queue: it must take them as the answer there, never hand them out as data,
+// and move to the channel like any other client.
+TEST(UpgradeOnUse, AClientReadingUrgentBytesInlineTakesTheAnswerNotData) {
+  int port = 0;
+  const int listener = listen_loopback(vmmc_api, &port);
+  ASSERT_GE(listener, 0) << std::strerror(errno);
+  const int client = vmmc_api.socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(client, 0);
+  int one = 1;
+  ASSERT_EQ(vmmc_api.setsockopt(client, SOL_SOCKET, SO_OOBINLINE, &one, sizeof one), 0);
+  sockaddr_in address = loopback(port);
+  ASSERT_EQ(vmmc_api.connect(client, reinterpret_cast<sockaddr*>(&address), sizeof address), 0)
+      << std::strerror(errno);
+  const int server = accept_within(vmmc_api, listener);
+  ASSERT_GE(server, 0) << std::strerror(errno);
+  std::vector<unsigned char> out(1000), in(1000);
+  std::uint64_t at = 0;
+  for (int round = 0; round < 60; ++round, at += out.size()) {
+    fill_pattern(0x5A, at, out.data(), out.size());
+    ASSERT_TRUE(write_all(vmmc_api, client, out.data(), out.size()));
+    ASSERT_EQ(read_full(vmmc_api, server, in.data(), in.size()), 1000);
+    ASSERT_EQ(check_pattern(0x5A, at, in.data(), in.size()), in.size()) << "round " << round;
+    fill_pattern(0xA5, at, out.data(), out.size());
+    ASSERT_TRUE(write_all(vmmc_api, server, out.data(), out.size()));
+    ASSERT_EQ(read_full(vmmc_api, client, in.data(), in.size()), 1000);
+    ASSERT_EQ(check_pattern(0xA5, at, in.data(), in.size()), in.size())
+        << "the client read other bytes than the server's in round " << round;
+  }
+  EXPECT_EQ(check_accelerated(vmmc_api, client), "");
+  EXPECT_EQ(check_accelerated(vmmc_api, server), "");
+  vmmc_api.close(client);
+  vmmc_api.close(server);
+  vmmc_api.close(listener);
+}
+
 // A plain end is known as one once the connection earned a channel: the
 // vmmc end stays kernel TCP for good and looks no more.
 TEST(UpgradeOnUse, APlainPeerIsKnownOnceTheConnectionEarnedAChannel) {
