@@ -1352,6 +1352,21 @@ int threads() {
   return n;
 }
 
+// A UDP socket on loopback that has sent itself one byte and read it back.
+int udp_echo() {
+  int u = ::socket(AF_INET, SOCK_DGRAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  check(::bind(u, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0, "udp bind");
+  socklen_t len = sizeof a;
+  ::getsockname(u, reinterpret_cast<sockaddr*>(&a), &len);
+  check(::sendto(u, "u", 1, 0, reinterpret_cast<sockaddr*>(&a), len) == 1, "udp sendto");
+  char c = 0;
+  check(::recv(u, &c, 1, 0) == 1 && c == 'u', "udp recv");
+  return u;
+}
+
 int lazy_case() {
   int port;
   pid_t server = spawn_server({"select-server", "1", "0"}, port, false);
@@ -1360,16 +1375,8 @@ int lazy_case() {
   echo_round(fd, 100000);
   finish(fd);
   reap(server, "plain server");
-  int u = ::socket(AF_INET, SOCK_DGRAM, 0);  // UDP: the kernel's, untouched
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  check(::bind(u, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0, "udp bind");
-  socklen_t len = sizeof a;
-  ::getsockname(u, reinterpret_cast<sockaddr*>(&a), &len);
-  check(::sendto(u, "u", 1, 0, reinterpret_cast<sockaddr*>(&a), len) == 1, "udp sendto");
+  int u = udp_echo();  // UDP: the kernel's, untouched
   char c;
-  check(::recv(u, &c, 1, 0) == 1 && c == 'u', "udp recv");
   check(describe_preloaded(u).empty(), "UDP is not managed");
   int p[2];
   check(::pipe(p) == 0 && ::write(p[1], "p", 1) == 1 && ::read(p[0], &c, 1) == 1, "pipe");
@@ -1396,16 +1403,15 @@ bool mapped(const char* name) {
 }
 
 int lean_case() {
-  int u = ::socket(AF_INET, SOCK_DGRAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  check(::bind(u, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0, "udp bind");
-  socklen_t len = sizeof a;
-  ::getsockname(u, reinterpret_cast<sockaddr*>(&a), &len);
-  check(::connect(u, reinterpret_cast<sockaddr*>(&a), len) == 0, "udp connect");
+  int u = udp_echo();
   char c = 0;
-  check(::send(u, "u", 1, 0) == 1 && ::recv(u, &c, 1, 0) == 1 && c == 'u', "udp echo");
+  sockaddr_in self{};
+  socklen_t length = sizeof self;
+  ::getsockname(u, reinterpret_cast<sockaddr*>(&self), &length);
+  // A connect() to an IPv4 address: the interposer looks at the socket's type.
+  check(::connect(u, reinterpret_cast<sockaddr*>(&self), length) == 0 &&
+            ::send(u, "u", 1, 0) == 1 && ::recv(u, &c, 1, 0) == 1,
+        "udp connect");
   int p[2], pair[2];
   check(::pipe(p) == 0 && ::write(p[1], "p", 1) == 1, "pipe");
   pollfd ready{p[0], POLLIN, 0};
