@@ -183,7 +183,8 @@ int poll(pollfd* fds, nfds_t count, int timeout_ms) {
   const auto valid = static_cast<std::size_t>(
       std::count_if(fds, fds + count, [](const pollfd& p) { return p.fd >= 0; }));
   const bool kernel_members =
-      valid > st.ours.size() || std::any_of(st.ours.begin(), st.ours.end(), [](const auto& o) {
+      kernel_only_members || valid > st.ours.size() ||
+      std::any_of(st.ours.begin(), st.ours.end(), [](const auto& o) {
         return o.second->state.load(std::memory_order_relaxed) != phase::upgraded;
       });
   return wait_for_readiness(
@@ -560,8 +561,9 @@ int epoll_wait(int epfd, epoll_event* events, int max_events, int timeout_ms) {
   auto set = find_set(epfd);
   if (!set || max_events <= 0) return ::epoll_wait(epfd, events, max_events, timeout_ms);
   busy_call busy;
+  const bool deciding_only = all_kernel_only(*set);
   return wait_for_readiness(
-      timeout_ms, all_kernel_only(*set), any_kernel_member(*set),
+      timeout_ms, deciding_only, deciding_only || any_kernel_member(*set),
       [&](int ms) { return collect(epfd, *set, events, max_events, ms); },
       [&] { return any_stream_ready(*set); }, [&] { return arm_streams(*set); },
       [&] { return any_channel_member(*set); });
