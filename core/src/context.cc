@@ -311,7 +311,17 @@ result<import_info> context::describe(import_handle h) const {
   std::shared_lock state(imp->state_mutex);
   if (imp->revoked) return errc::unknown_handle;
   return import_info{imp->length, imp->allowed, imp->map != nullptr,
-                     !imp->map && imp->endpoint && imp->endpoint->completion_needs_peer()};
+                     !imp->map && imp->endpoint && imp->endpoint->completion_needs_peer(),
+                     static_cast<bool>(imp->wake_fd)};
+}
+
+status context::wake(import_handle h) const {
+  auto imp = impl_->find_import(h);
+  if (!imp) return errc::unknown_handle;
+  if (!imp->wake_fd) return errc::invalid_argument;
+  const std::uint64_t one = 1;
+  if (::write(imp->wake_fd.get(), &one, sizeof one) != sizeof one) return errc::system_error;
+  return {};
 }
 
 result<std::string> context::path_of(import_handle h) const {

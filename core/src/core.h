@@ -514,6 +514,7 @@ struct export_entry {
   import_policy policy;
   notification_handler on_notify;
   std::unique_ptr<export_window> window;  // set when the mapped path can serve it
+  int wake_fd = -1;                       // borrowed (export_options::wake_fd)
   std::vector<fabric_mr> mrs;             // one per open endpoint
   std::atomic<bool> live{true};
 };
@@ -572,6 +573,7 @@ struct import_entry {
   rights allowed = rights::none;
   // mapped path
   std::unique_ptr<mapping> map;
+  unique_fd wake_fd;  // the exporter's eventfd, when lent (context::wake)
   // fabric path
   fabric_endpoint* endpoint = nullptr;
   fi_addr_t fi_address = 0;

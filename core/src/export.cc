@@ -41,6 +41,7 @@ result<export_handle> context::impl::export_buffer(std::string_view name, void* 
   e->allowed = options.allowed;
   e->policy = std::move(options.policy);
   e->on_notify = std::move(options.on_notify);
+  e->wake_fd = options.wake_fd;
   // Without the mapped path every importer comes over the fabric, which
   // must be open to register with (fabric_on_demand left it closed so far).
   if (!mapped_enabled)
@@ -192,6 +193,12 @@ void context::impl::handle_import_request(const link_ptr& link, const frame& f) 
     reply.mapped = 1;
     reply.segment_offset = 0;
     fds.push_back(lent.get());
+    // Open while the export is live: unexport_buffer marks it dead, then
+    // waits for links_mutex, under which this reply is written.
+    if (e->wake_fd >= 0) {
+      reply.has_wake_fd = 1;
+      fds.push_back(e->wake_fd);
+    }
   } else {
     const fabric_mr* mr = nullptr;
     for (const fabric_mr& m : e->mrs)

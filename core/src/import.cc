@@ -1,7 +1,10 @@
 // Imports: connecting to an exporter (hello), asking for an export, building
 // the destination proxy on the mapped or the fabric path, and giving it up.
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <unistd.h>
+
+#include <cstring>
 
 #include "core.h"
 #include "parse.h"
@@ -9,6 +12,16 @@
 namespace vmmc::core {
 
 using namespace detail;
+
+namespace {
+// What the kernel says the descriptor is (not what the peer says).
+bool is_eventfd(int fd) {
+  char path[32], target[32] = {};
+  std::snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  const ssize_t n = ::readlink(path, target, sizeof target - 1);
+  return n > 0 && std::strcmp(target, "anon_inode:[eventfd]") == 0;
+}
+}  // namespace
 
 context::impl::import_ptr context::impl::find_import(import_handle handle) const {
   std::shared_lock lock(imports_mutex);
@@ -187,7 +200,15 @@ result<import_handle> context::impl::import_buffer(std::string_view peer_blob,
   imp->length = r.length;
   imp->allowed = static_cast<rights>(r.rights & 3);
   if (r.mapped) {
-    if (f.fds.size() != 1) return errc::protocol_error;
+    if (f.fds.size() != 1 + r.has_wake_fd) return errc::protocol_error;
+    if (r.has_wake_fd) {
+      // The peer says it is an eventfd; a descriptor that could block our
+      // write (a full pipe) or is not one stays unused: no wake-ups, only
+      // the caller's own doorbells.
+      if (is_eventfd(f.fds[1].get()) &&
+          ::fcntl(f.fds[1].get(), F_SETFL, ::fcntl(f.fds[1].get(), F_GETFL) | O_NONBLOCK) == 0)
+        imp->wake_fd = std::move(f.fds[1]);
+    }
     auto m = mapping::map(f.fds[0].get(), r.segment_offset, r.length,
                           has_right(imp->allowed, rights::write));
     if (!m) return m.error();

@@ -39,7 +39,7 @@ result<frame_view> scan_frame(std::span<const std::uint8_t> input) {
     if (read_at(body, b) && b.has_wake_fds) v.descriptors = 3;
   } else if (v.type == wire::frame_type::import_reply) {
     wire::import_reply_body b{};
-    if (read_at(body, b) && b.mapped) v.descriptors = 1;
+    if (read_at(body, b) && b.mapped) v.descriptors = b.has_wake_fd == 1 ? 2 : 1;
   }
   return v;
 }
@@ -73,6 +73,7 @@ result<wire::import_reply_body> parse_import_reply(std::span<const std::uint8_t>
   if (r.length == 0) return errc::protocol_error;
   if (r.mapped ? r.segment_offset > UINT64_MAX - r.length : r.ring_capacity != wire::ring_slots)
     return errc::protocol_error;
+  if (r.has_wake_fd > 1 || (r.has_wake_fd && !r.mapped)) return errc::protocol_error;
   return r;
 }
 

@@ -19,6 +19,8 @@
 //   3: a hello over TCP is challenged (hello_challenge, hello_proof): the
 //      importer proves its context's secret and, for "same user", the user
 //      key.
+//   4: import_reply may lend the exporter's wake eventfd beside the memfd
+//      (has_wake_fd), for exports that sleep on one of their own.
 #pragma once
 
 #include <cstddef>
@@ -27,7 +29,7 @@
 namespace vmmc::core::detail::wire {
 
 inline constexpr std::uint32_t control_magic = 0x434d4d56;  // "VMMC"
-inline constexpr std::uint16_t control_version = 3;
+inline constexpr std::uint16_t control_version = 4;
 inline constexpr std::uint32_t max_frame_body = 64 * 1024;  // anything larger is garbage
 inline constexpr std::uint32_t max_name_length = 255;
 
@@ -35,7 +37,7 @@ enum class frame_type : std::uint16_t {
   hello = 1,            // importer -> exporter: body = hello_body + address blob
   hello_reply = 2,      // exporter -> importer: body = hello_reply_body; fds: wake page, eventfd
   import_request = 3,   // body = import_request_body + name bytes
-  import_reply = 4,     // body = import_reply_body; fds: segment memfd when mapped
+  import_reply = 4,     // body = import_reply_body; fds: segment memfd when mapped, wake eventfd
   unimport = 5,         // importer -> exporter: body = unimport_body
   revoke = 6,           // exporter -> importer: body = revoke_body (export withdrawn)
   revoke_ack = 7,       // importer -> exporter: body = revoke_body; no more writes in flight
@@ -98,6 +100,9 @@ struct import_reply_body {
   std::uint64_t ring_key;
   std::uint32_t link_id;
   std::uint32_t ring_capacity;
+  // mapped: 1 when the export's wake eventfd follows the memfd
+  std::uint32_t has_wake_fd;
+  std::uint32_t reserved;
 };
 
 struct unimport_body {

@@ -2,7 +2,9 @@
 // wire.h (ring writes and credits, doorbell arming, one redirection post).
 #include "vmmc/redirect/channel.h"
 
+#include <sys/eventfd.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -70,6 +72,24 @@ clock::time_point deadline_after(std::chrono::milliseconds timeout) {
                                                      : clock::now() + timeout;
 }
 
+// Arming words: the epoch times two, plus this bit when the sleeper watches
+// its wait descriptor (channel_options::wait_fd).
+constexpr std::uint64_t armed_by_wait_fd = 1;
+
+// An eventfd for a sleeper to watch, or -1: past half of the process's
+// descriptor limit the application's own descriptors come first (each
+// stream would take two more: this one and the peer's copy).
+int open_wait_fd() {
+  const int fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  rlimit limit{};
+  if (fd >= 0 && ::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY &&
+      static_cast<rlim_t>(fd) >= limit.rlim_cur / 2) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 std::size_t round_up_pow2(std::size_t n) {
   std::size_t p = page;
   while (p < n) p <<= 1;
@@ -133,7 +153,7 @@ class channel::impl {
   }
   bool poll();
   std::uint64_t activity() const;
-  bool prepare_sleep(sleep_reason reason);
+  bool prepare_sleep(sleep_reason reason, wake_by how);
   std::size_t writable();
   bool at_end();
   bool gone();
@@ -206,6 +226,7 @@ class channel::impl {
   std::string area_name;
   core::export_handle area_export{};
   bool exported = false;
+  int wait_fd = -1;  // channel_options::wait_fd; closed after the area's export
 
   // The peer's area.
   core::import_handle peer{};
@@ -216,6 +237,7 @@ class channel::impl {
   std::atomic<bool> departed{false};
   redirect::channel_capabilities caps;
   bool completion_needs_peer = false;  // see core::import_info
+  bool peer_wakeable = false;          // core::import_info::wakeable
   std::string path_name;
   std::uint64_t peer_ring_bytes = 0, peer_ring_offset = 0;
   std::string peer_address;
@@ -289,6 +311,7 @@ status channel::impl::create_area() {
 
   area_name = unique_name("a");
   core::export_options eo;
+  if (options.wait_fd) eo.wake_fd = wait_fd = open_wait_fd();
   eo.allowed = core::rights::read_write;
   // The name is the capability: only the peer it is handed to in-band knows it.
   eo.policy = core::import_policy::anyone();
@@ -312,6 +335,7 @@ channel::impl::~impl() {
   // so unexport need not move its pages away from the peer first.
   memory = core::mappable_buffer{};
   if (exported) (void)ctx.unexport_buffer(area_export);
+  if (wait_fd >= 0) ::close(wait_fd);  // lent to importers until the unexport
 }
 
 status channel::impl::attach(const parsed_descriptor& peer_area,
@@ -357,6 +381,7 @@ status channel::impl::bind_peer(const parsed_descriptor& peer_area) {
   caps.mapped = info->mapped;
   caps.needs_progress = caps.zero_copy_receive = !info->mapped;
   completion_needs_peer = info->completion_needs_peer;
+  peer_wakeable = info->wakeable;
   return {};
 }
 
@@ -392,6 +417,7 @@ void channel::impl::ring_if_armed(const std::uint64_t& armed_word, std::uint64_t
   if (armed <= last_rung) return;
   last_rung = armed;
   doorbells.fetch_add(1, std::memory_order_relaxed);
+  if ((armed & armed_by_wait_fd) && peer_wakeable && ctx.wake(peer)) return;
   if (options.ring_doorbell) options.ring_doorbell();
 }
 
@@ -649,11 +675,12 @@ void channel::impl::return_credit() {
   if (sender_waits) ring_if_armed(area->space_armed, last_rung_space);
 }
 
-bool channel::impl::prepare_sleep(sleep_reason reason) {
+bool channel::impl::prepare_sleep(sleep_reason reason, wake_by how) {
   if (!attached) return true;
+  const std::uint64_t by = how == wake_by::wait_fd && wait_fd >= 0 ? armed_by_wait_fd : 0;
   if (reason == sleep_reason::data) {
     if (readable() > 0 || load(area->fin) != 0) return false;
-    if (!put(offsetof(area_header, data_armed), ++data_epoch)) return false;
+    if (!put(offsetof(area_header, data_armed), ++data_epoch << 1 | by)) return false;
     full_fence();
     auto sent = get(offsetof(area_header, own_sent));  // ordered behind the arming write
     if (!sent) return false;                           // gone: let the caller find out
@@ -663,7 +690,7 @@ bool channel::impl::prepare_sleep(sleep_reason reason) {
     return *sent <= stream_read && load(area->fin) == 0;
   }
   if (writable() > 0) return false;
-  if (!put(offsetof(area_header, space_armed), ++space_epoch)) return false;
+  if (!put(offsetof(area_header, space_armed), ++space_epoch << 1 | by)) return false;
   full_fence();
   auto consumed = get(offsetof(area_header, own_consumed));
   if (!consumed) return false;
@@ -697,9 +724,9 @@ status channel::impl::wait(clock::time_point deadline, sleep_reason reason,
     auto slice = std::min<std::chrono::nanoseconds>(most, std::chrono::milliseconds(100));
     if (options.await_doorbell) {
       options.await_doorbell(
-          [&] { return prepare_sleep(reason); },
+          [&] { return prepare_sleep(reason, wake_by::wait_fd); },
           static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(slice).count()));
-    } else if (prepare_sleep(reason)) {
+    } else if (prepare_sleep(reason, wake_by::doorbell)) {
       std::this_thread::sleep_for(
           std::min<std::chrono::nanoseconds>(slice, std::chrono::microseconds(200)));
     }
@@ -1014,8 +1041,17 @@ void channel::stop_writing() noexcept {
 bool channel::poll() {
   return impl_->poll();
 }
-bool channel::prepare_sleep(sleep_reason reason) {
-  return impl_->prepare_sleep(reason);
+bool channel::prepare_sleep(sleep_reason reason, wake_by how) {
+  return impl_->prepare_sleep(reason, how);
+}
+
+int channel::wait_fd() const {
+  return impl_->wait_fd;
+}
+
+void channel::clear_wait_fd() {
+  std::uint64_t count = 0;
+  if (impl_->wait_fd >= 0) (void)!::read(impl_->wait_fd, &count, sizeof count);
 }
 std::size_t channel::writable() {
   return impl_->writable();

@@ -63,11 +63,11 @@ struct alignas(64) area_header {
   // --- P writes: the P -> O stream --------------------------------------
   alignas(64) std::uint64_t produced;  // stream bytes of P complete in O's memory
   std::uint64_t fin;                   // 1 + P's stream length once P closed writing
-  std::uint64_t space_armed;           // epoch: P sleeps until O frees ring space
+  std::uint64_t space_armed;           // epoch << 1 | by wait fd: P sleeps until O frees space
   report post_report;                  // about O's post
   // --- P writes: about the O -> P stream --------------------------------
   alignas(64) std::uint64_t credit;  // ring bytes of O's data P consumed
-  std::uint64_t data_armed;          // epoch: P sleeps until O sends
+  std::uint64_t data_armed;          // epoch << 1 | by wait fd: P sleeps until O sends
   std::uint64_t withdrawn;           // highest post id of P that P withdrew
   post open_post;                    // P's post for O's next bytes
 

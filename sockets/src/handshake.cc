@@ -30,7 +30,7 @@ std::atomic<int> awaiting_client{0};  // server channels holding an awaiting slo
 int max_awaiting_client() {
   rlimit limit{};
   if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return 64;
-  return static_cast<int>(std::clamp<rlim_t>(limit.rlim_cur / 4, 64, 1 << 20));
+  return static_cast<int>(std::clamp<rlim_t>(limit.rlim_cur / 8, 32, 1 << 20));
 }
 
 void release_awaiting_slot(stream& s) {
@@ -113,6 +113,10 @@ redirect::channel_options channel_options_for(stream& s) {
   // the application set them) is the stream's, as with kernel TCP.
   o.connection_broken = [self] { return tcp_failed(*self); };
   if (learn_ends(s)) o.reached_over = s.peer_end;
+  // A peer on this host wakes our sleepers (ours: blocking calls, poll,
+  // epoll) through an eventfd: on one CPU a round trip of doorbells took
+  // 15.5 us as TCP segments, 5.3 us as eventfd writes.
+  o.wait_fd = s.peer_here;
   return o;
 }
 
@@ -158,7 +162,7 @@ core::context* context_for(stream& s) {
 // of the kernel (the program may raise its descriptor limit) only when the
 // count nears the last answer.
 std::optional<redirect::channel> server_channel(stream& s, fallback& why) {
-  static std::atomic<int> limit{64};
+  static std::atomic<int> limit{32};
   if (const int awaiting = awaiting_client.fetch_add(1);
       awaiting >= limit.load(std::memory_order_relaxed) &&
       awaiting >= (limit = max_awaiting_client())) {
@@ -604,11 +608,12 @@ void stay_on_tcp(stream& s) {
   if (s.state.load() == phase::deferred && !s.asked.load()) become_plain(s, fallback::reverted);
 }
 
-// A doorbell byte does not say whether it is for the reader (data) or the
-// writer (space), and either thread may drain it. So only one thread sleeps
-// on the descriptor; others wait for it on a condition variable, and every
-// drained byte bumps a generation that wakes them all. A thread notes the
-// generation before it arms: a byte drained after that is never missed.
+// A doorbell does not say whether it is for the reader (data) or the writer
+// (space), and either thread may take it. So only one thread sleeps on the
+// descriptors (TCP for doorbell bytes, records and the end; the channel's
+// wait descriptor); others wait for it on a condition variable, and every
+// doorbell taken bumps a generation that wakes them all. A thread notes the
+// generation before it arms: a doorbell taken after that is never missed.
 void sleep_on_doorbell(stream& s, const std::function<bool()>& arm, int timeout_ms) {
   std::uint64_t seen = s.doorbell_generation.load();
   if (!arm()) return;
@@ -622,10 +627,13 @@ void sleep_on_doorbell(stream& s, const std::function<bool()>& arm, int timeout_
   if (!s.descriptor_sleeper) {
     s.descriptor_sleeper = true;
     lock.unlock();
-    pollfd pfd{s.fd, POLLIN, 0};
-    ::poll(&pfd, 1, timeout_ms);
-    drain_doorbells(s);
+    const int wait_fd = s.chan ? s.chan->wait_fd() : -1;
+    pollfd pfd[2] = {{s.fd, POLLIN, 0}, {wait_fd, POLLIN, 0}};
+    ::poll(pfd, wait_fd >= 0 ? 2 : 1, timeout_ms);
+    if (pfd[1].revents) s.chan->clear_wait_fd();
+    if (pfd[1].revents == 0 || pfd[0].revents) drain_doorbells(s);
     lock.lock();
+    s.doorbell_generation.fetch_add(1);
     s.descriptor_sleeper = false;
     s.sleep_cv.notify_all();  // another waiter takes over the descriptor
     return;

@@ -126,7 +126,8 @@ bool wait_readable(stream& s, clock::time_point deadline) {
     if (ch.peer_gone()) return false;
     auto left = std::chrono::ceil<std::chrono::milliseconds>(most).count();
     sleep_on_doorbell(
-        s, [&] { return ch.prepare_sleep(redirect::sleep_reason::data); },
+        s,
+        [&] { return ch.prepare_sleep(redirect::sleep_reason::data, redirect::wake_by::wait_fd); },
         static_cast<int>(std::min<long long>(left, 100)));
     return true;
   };
@@ -584,17 +585,22 @@ short ready_events(stream& s, short wanted, short kernel_events) {
   return out;
 }
 
-bool prepare_sleep(stream& s, short wanted) {
+bool prepare_sleep(stream& s, short wanted, redirect::wake_by how) {
   if (s.state.load() != phase::upgraded || !s.chan) return true;
   redirect::channel& ch = *s.chan;
   if (stash_size(s) > 0) return false;
   if ((wanted & (POLLIN | POLLRDNORM)) && s.in_switched.load() && !input_on_tcp(s) &&
-      !ch.prepare_sleep(redirect::sleep_reason::data))
+      !ch.prepare_sleep(redirect::sleep_reason::data, how))
     return false;
   if ((wanted & (POLLOUT | POLLWRNORM)) && s.out_switched.load() && !s.out_reverted.load() &&
-      !ch.prepare_sleep(redirect::sleep_reason::space))
+      !ch.prepare_sleep(redirect::sleep_reason::space, how))
     return false;
   return true;
+}
+
+int wait_fd_of(const stream& s) {
+  return s.state.load(std::memory_order_relaxed) == phase::upgraded && s.chan ? s.chan->wait_fd()
+                                                                              : -1;
 }
 
 }  // namespace vmmc::sockets::detail

@@ -1,8 +1,9 @@
 // poll, select and epoll over a mix of kernel descriptors and streams whose
 // data arrives through a channel. For those streams the kernel descriptor
-// still wakes a sleeper (doorbell bytes, end of file), while readiness itself
-// is the channel's. Waits busy-poll channels briefly, then arm the doorbells
-// and sleep in the kernel.
+// still wakes a sleeper (doorbell bytes, records, end of file), and so does
+// the channel's wait descriptor, which a peer on this host writes instead
+// of a doorbell byte; readiness itself is the channel's. Waits busy-poll
+// channels briefly, then arm the doorbells and sleep in the kernel.
 #include <signal.h>
 
 #include <algorithm>
@@ -73,7 +74,25 @@ short reportable(short events, short wanted) {
 struct poll_state {
   std::vector<std::pair<nfds_t, stream_ptr>> ours;
   std::vector<short> wanted;
+  // Wait descriptors the last arming promised to watch (index into ours,
+  // descriptor), and the caller's descriptors with them for the kernel.
+  std::vector<std::pair<std::size_t, int>> watched;
+  std::vector<pollfd> all;
 };
+
+// The kernel's poll of the caller's descriptors and of the wait
+// descriptors we watch; the caller's entries get their revents.
+int kernel_poll(pollfd* fds, nfds_t count, int timeout_ms, poll_state& st) {
+  if (st.watched.empty()) return ::poll(fds, count, timeout_ms);
+  st.all.assign(fds, fds + count);
+  for (const auto& [k, fd] : st.watched) st.all.push_back({fd, POLLIN, 0});
+  const int n = ::poll(st.all.data(), st.all.size(), timeout_ms);
+  if (n < 0) return n;
+  for (nfds_t i = 0; i < count; ++i) fds[i].revents = st.all[i].revents;
+  for (std::size_t j = 0; j < st.watched.size(); ++j)
+    if (st.all[count + j].revents) st.ours[st.watched[j].first].second->chan->clear_wait_fd();
+  return n;
+}
 
 // After a kernel poll: our streams' revents from their channels.
 int finish_poll(pollfd* fds, nfds_t count, poll_state& st) {
@@ -152,6 +171,7 @@ int poll(pollfd* fds, nfds_t count, int timeout_ms) {
   thread_local poll_state st;
   st.ours.clear();
   st.wanted.clear();
+  st.watched.clear();
   for (nfds_t i = 0; i < count; ++i) {
     if (fds[i].fd < 0) continue;
     stream_ptr s = find(fds[i].fd);
@@ -165,7 +185,7 @@ int poll(pollfd* fds, nfds_t count, int timeout_ms) {
   auto look = [&](int ms) {
     for (std::size_t k = 0; k < st.ours.size(); ++k)
       fds[st.ours[k].first].events = kernel_interest(*st.ours[k].second, st.wanted[k]);
-    if (::poll(fds, count, ms) < 0) {
+    if (kernel_poll(fds, count, ms, st) < 0) {
       int saved = errno;
       for (std::size_t k = 0; k < st.ours.size(); ++k) fds[st.ours[k].first].events = st.wanted[k];
       errno = saved;
@@ -174,8 +194,14 @@ int poll(pollfd* fds, nfds_t count, int timeout_ms) {
     return finish_poll(fds, count, st);
   };
   auto arm = [&] {
-    for (std::size_t k = 0; k < st.ours.size(); ++k)
-      if (!prepare_sleep(*st.ours[k].second, st.wanted[k])) return false;
+    st.watched.clear();
+    for (std::size_t k = 0; k < st.ours.size(); ++k) {
+      const int fd = wait_fd_of(*st.ours[k].second);
+      if (fd >= 0) st.watched.emplace_back(k, fd);
+      if (!prepare_sleep(*st.ours[k].second, st.wanted[k],
+                         fd >= 0 ? redirect::wake_by::wait_fd : redirect::wake_by::doorbell))
+        return false;
+    }
     return true;
   };
   bool kernel_only_members = std::all_of(st.ours.begin(), st.ours.end(),
@@ -293,7 +319,10 @@ int pselect(int nfds, fd_set* readable, fd_set* writable, fd_set* exceptional,
 // its own number as data, and the caller's event (events + data) is kept
 // here; events are translated back on the way out. Streams of ours are
 // registered for EPOLLIN (doorbells) and lose EPOLLOUT in the kernel once
-// their writes go through the channel, whose space we check ourselves.
+// their writes go through the channel, whose space we check ourselves. A
+// stream's wait descriptor joins the set, edge-triggered (never read), at
+// its first sleep, with its stream's number and wake_tag as data: its
+// event only ends the sleep.
 namespace {
 struct interest {
   // The stream behind the member, looked up once (epoll_ctl) rather than in
@@ -307,9 +336,14 @@ struct interest {
   // the kernel, a level-triggered member is asked alone (it may still hold
   // bytes, and level-triggered means reported again while it does).
   bool kernel_ready = false;
+  int wait_fd = -1;  // the stream's wait descriptor, registered in the set
 };
 
+constexpr std::uint64_t wake_tag = std::uint64_t{1} << 32;
+
 struct epoll_set {
+  explicit epoll_set(int fd) : epfd(fd) {}
+  const int epfd;
   std::mutex mutex;
   std::unordered_map<int, interest> members;
   int rounds_without_kernel = 0;  // collect(): streams reported without asking the kernel
@@ -337,7 +371,7 @@ int track_set(int epfd) {
   if (epfd < 0) return epfd;
   auto& r = registry();
   std::unique_lock lock(r.mutex);
-  r.sets[epfd] = std::make_shared<epoll_set>();
+  r.sets[epfd] = std::make_shared<epoll_set>(epfd);
   return epfd;
 }
 
@@ -355,17 +389,45 @@ std::uint32_t kernel_events_for(stream* s, std::uint32_t user_events) {
   return e;
 }
 
-// What to report for member `fd` given the kernel's events for it (0 if
-// none); 0 means nothing. Keeps the kernel registration of a stream whose
-// writes moved to its channel free of EPOLLOUT (TCP is always writable).
-stream* member_stream(interest& in) {
-  if (in.stream && in.stream->closed.load(std::memory_order_relaxed)) in.stream.reset();
+// Takes the member's wait descriptor out of the set. Only while we hold its
+// stream: then the descriptor is open, and its number is not some other
+// file's that the caller may have added.
+void forget_wait_fd(epoll_set& set, interest& in) {
+  if (in.wait_fd >= 0 && in.stream) (void)::epoll_ctl(set.epfd, EPOLL_CTL_DEL, in.wait_fd, nullptr);
+  in.wait_fd = -1;
+}
+
+stream* member_stream(epoll_set& set, interest& in) {
+  if (in.stream && in.stream->closed.load(std::memory_order_relaxed)) {
+    forget_wait_fd(set, in);
+    in.stream.reset();
+  }
   return in.stream.get();
 }
 
-std::uint32_t member_events(int epfd, int fd, interest& in, std::uint32_t kev) {
+// How a member's sleep will be woken: through its wait descriptor once that
+// is in the set (added here, at its first sleep).
+redirect::wake_by watch_wait_fd(epoll_set& set, int fd, interest& in, stream& s) {
+  const int wait_fd = wait_fd_of(s);
+  if (wait_fd < 0) return redirect::wake_by::doorbell;
+  if (in.wait_fd != wait_fd) {
+    forget_wait_fd(set, in);
+    epoll_event e{EPOLLIN | EPOLLET, {}};
+    e.data.u64 = wake_tag | static_cast<std::uint32_t>(fd);
+    // EEXIST: another member (a duplicate of the descriptor) registered it;
+    // it takes it out when it goes, so this one keeps the doorbell.
+    if (::epoll_ctl(set.epfd, EPOLL_CTL_ADD, wait_fd, &e) != 0) return redirect::wake_by::doorbell;
+    in.wait_fd = wait_fd;
+  }
+  return redirect::wake_by::wait_fd;
+}
+
+// What to report for member `fd` given the kernel's events for it (0 if
+// none); 0 means nothing. Keeps the kernel registration of a stream whose
+// writes moved to its channel free of EPOLLOUT (TCP is always writable).
+std::uint32_t member_events(epoll_set& set, int fd, interest& in, std::uint32_t kev) {
   if (in.disabled) return 0;
-  stream* s = member_stream(in);
+  stream* s = member_stream(set, in);
   if (!s || !needs_us(*s)) return kev & (in.user.events | EPOLLERR | EPOLLHUP);
   std::uint32_t wanted = in.user.events;
   auto ev = static_cast<std::uint32_t>(static_cast<std::uint16_t>(
@@ -374,7 +436,7 @@ std::uint32_t member_events(int epfd, int fd, interest& in, std::uint32_t kev) {
   if (std::uint32_t k = kernel_events_for(s, wanted); k != in.kernel_events) {
     epoll_event mod{k, {}};
     mod.data.u64 = static_cast<std::uint64_t>(fd);
-    if (::epoll_ctl(epfd, EPOLL_CTL_MOD, fd, &mod) == 0) in.kernel_events = mod.events;
+    if (::epoll_ctl(set.epfd, EPOLL_CTL_MOD, fd, &mod) == 0) in.kernel_events = mod.events;
   }
   if (ev == 0) return 0;
   if (wanted & EPOLLET) {
@@ -416,19 +478,21 @@ int collect(int epfd, epoll_set& set, epoll_event* events, int max_events, int t
   thread_local std::unordered_set<int> reported;
   reported.clear();
   for (int i = 0; i < got; ++i) {
+    if (kernel[i].data.u64 & wake_tag)
+      continue;  // a wait descriptor: its stream is looked at below
     int fd = static_cast<int>(kernel[i].data.u64);
     auto it = set.members.find(fd);
     if (it == set.members.end()) continue;
     reported.insert(fd);
     it->second.kernel_ready = true;
-    if (std::uint32_t ev = member_events(epfd, fd, it->second, kernel[i].events))
+    if (std::uint32_t ev = member_events(set, fd, it->second, kernel[i].events))
       emit(it->second, ev);
   }
   for (auto& [fd, in] : set.members) {
     if (n >= max_events) break;
     if (reported.count(fd)) continue;
     if (!skip_kernel) in.kernel_ready = false;
-    stream* s = member_stream(in);
+    stream* s = member_stream(set, in);
     // Before its switch (or its decision) a stream's bytes are the kernel's,
     // and so are those of any member the kernel last found ready: in a
     // round that did not ask the kernel, a level-triggered one asks it alone
@@ -446,7 +510,7 @@ int collect(int epfd, epoll_set& set, epoll_event* events, int max_events, int t
       if (::poll(&look, 1, 0) == 1) kev = static_cast<std::uint16_t>(look.revents);
       in.kernel_ready = kev != 0;
     }
-    if (std::uint32_t ev = member_events(epfd, fd, in, kev)) emit(in, ev);
+    if (std::uint32_t ev = member_events(set, fd, in, kev)) emit(in, ev);
   }
   set.rounds_without_kernel = n > 0 ? set.rounds_without_kernel + 1 : 0;
   return n;
@@ -455,7 +519,7 @@ int collect(int epfd, epoll_set& set, epoll_event* events, int max_events, int t
 bool any_channel_member(epoll_set& set) {
   std::lock_guard lock(set.mutex);
   for (auto& [fd, in] : set.members) {
-    stream* s = member_stream(in);
+    stream* s = member_stream(set, in);
     if (!in.disabled && s && s->state.load(std::memory_order_relaxed) == phase::upgraded)
       return true;
   }
@@ -466,7 +530,7 @@ bool any_channel_member(epoll_set& set) {
 bool any_kernel_member(epoll_set& set) {
   std::lock_guard lock(set.mutex);
   for (auto& [fd, in] : set.members) {
-    stream* s = member_stream(in);
+    stream* s = member_stream(set, in);
     if (!in.disabled && (!s || s->state.load(std::memory_order_relaxed) != phase::upgraded))
       return true;
   }
@@ -476,7 +540,7 @@ bool any_kernel_member(epoll_set& set) {
 bool all_kernel_only(epoll_set& set) {
   std::lock_guard lock(set.mutex);
   for (auto& [fd, in] : set.members) {
-    stream* s = member_stream(in);
+    stream* s = member_stream(set, in);
     if (!in.disabled && s && !kernel_only(*s)) return false;
   }
   return true;
@@ -486,7 +550,7 @@ bool any_stream_ready(epoll_set& set) {
   std::lock_guard lock(set.mutex);
   for (auto& [fd, in] : set.members) {
     if (in.disabled) continue;
-    stream* s = member_stream(in);
+    stream* s = member_stream(set, in);
     if (!s || (s->state.load() != phase::upgraded && stash_size(*s) == 0)) continue;
     auto wanted = static_cast<short>(in.user.events & 0xffff);
     if (ready_events(*s, wanted, 0) & wanted) {
@@ -502,8 +566,10 @@ bool arm_streams(epoll_set& set) {
   std::lock_guard lock(set.mutex);
   for (auto& [fd, in] : set.members) {
     if (in.disabled) continue;
-    stream* s = member_stream(in);
-    if (s && !prepare_sleep(*s, static_cast<short>(in.user.events & 0xffff))) return false;
+    stream* s = member_stream(set, in);
+    if (s && !prepare_sleep(*s, static_cast<short>(in.user.events & 0xffff),
+                            watch_wait_fd(set, fd, in, *s)))
+      return false;
   }
   return true;
 }
@@ -534,9 +600,13 @@ int epoll_ctl(int epfd, int op, int fd, epoll_event* event) {
   if (!set) return ::epoll_ctl(epfd, op, fd, event);
   stream_ptr s = find(fd);
   std::lock_guard lock(set->mutex);
+  auto known = set->members.find(fd);
   if (op == EPOLL_CTL_DEL) {
     int r = ::epoll_ctl(epfd, op, fd, event);
-    if (r == 0) set->members.erase(fd);
+    if (r == 0 && known != set->members.end()) {
+      forget_wait_fd(*set, known->second);
+      set->members.erase(known);
+    }
     return r;
   }
   if (!event) {
@@ -547,8 +617,18 @@ int epoll_ctl(int epfd, int op, int fd, epoll_event* event) {
   k.data.u64 = static_cast<std::uint64_t>(fd);
   int r = ::epoll_ctl(epfd, op, fd, &k);
   if (r == 0) {
+    // Another stream behind the same number (the last one closed unseen)
+    // takes its wait descriptor along; the same one keeps it registered.
+    int keep_wait_fd = -1;
+    if (known != set->members.end()) {
+      if (known->second.stream == s)
+        keep_wait_fd = known->second.wait_fd;
+      else
+        forget_wait_fd(*set, known->second);
+    }
     interest& in = set->members[fd];
     in = interest{};
+    in.wait_fd = keep_wait_fd;
     in.stream = std::move(s);
     in.user = *event;
     in.kernel_events = k.events;

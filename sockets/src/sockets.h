@@ -307,8 +307,9 @@ bool wildcard(const sockaddr* address);
 bool send_all(int fd, const void* data, std::size_t length, int flags);
 void send_offer(stream& s);  // client: right after the connection is up
 // Server channels made for an offer whose client has not said hello yet
-// (each holds a memfd descriptor and a mapping): at most a quarter of the
-// process's descriptor limit, and at least 64. A flood of offer bytes then
+// (each holds two descriptors, its area's memfd and its wait eventfd, and
+// a mapping): at most an eighth of the process's descriptor limit (a
+// quarter of the descriptors), and at least 32. A flood of offer bytes then
 // costs bounded state; later offers are answered as plain TCP, while a
 // burst of real clients (their hellos follow within a round trip) fits.
 int max_awaiting_client();
@@ -411,8 +412,11 @@ bool kernel_reads(const stream& s);
 // What poll should report for `s`, given what the kernel reported for its
 // descriptor: kernel readiness before the switch, the channel's after it.
 short ready_events(stream& s, short wanted, short kernel_events);
-// Before sleeping in poll/epoll: arms the doorbell for what is wanted;
-// false if something is already ready.
-bool prepare_sleep(stream& s, short wanted);
+// Before sleeping in poll/epoll: arms the doorbell for what is wanted, to
+// be rung as `how` says (wait_fd: the sleep watches the channel's wait
+// descriptor too); false if something is already ready.
+bool prepare_sleep(stream& s, short wanted, redirect::wake_by how);
+// The channel's wait descriptor, when the stream has one to watch.
+int wait_fd_of(const stream& s);
 
 }  // namespace vmmc::sockets::detail

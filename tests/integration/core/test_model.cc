@@ -1,7 +1,10 @@
 // integration.core.model: every call of the VMMC model between two contexts,
 // over each transport (mapped, libfabric shm, libfabric tcp).
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -237,6 +240,55 @@ TEST_P(Model, NotificationFdBecomesReadable) {
   ASSERT_EQ(ready, 1);
   EXPECT_EQ(exporter().poll_notifications(), 1u);
   EXPECT_EQ(seen.load(), 1);
+}
+
+// An export's wake eventfd is lent to importers that map it: wake() writes
+// it. Elsewhere (the fabric path) there is nothing to wake through, and a
+// descriptor that is not an eventfd (a pipe, whose write could block the
+// importer) is never used.
+TEST_P(Model, WakeReachesTheExportersEventfdOnlyWhereLent) {
+  guarded_region region(exporter(), 4096, GetParam().mappable);
+  const int efd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  ASSERT_GE(efd, 0);
+  core::export_options o;
+  o.wake_fd = efd;
+  auto h = export_and_import(region, "woken", o);
+  auto info = importer().describe(h);
+  ASSERT_TRUE(info);
+  const bool lent = GetParam().mappable;
+  EXPECT_EQ(info->wakeable, lent);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(importer().wake(h).ok(), lent);
+  std::uint64_t count = 0;
+  if (lent) {
+    ASSERT_EQ(::read(efd, &count, sizeof count), static_cast<ssize_t>(sizeof count));
+    EXPECT_EQ(count, 3u);
+  } else {
+    EXPECT_TRUE(importer().wake(h).is(errc::invalid_argument));
+  }
+  ASSERT_TRUE(importer().unimport_buffer(h).ok());
+  EXPECT_TRUE(importer().wake(h).is(errc::unknown_handle));
+
+  // Without a wake descriptor: not wakeable.
+  guarded_region plain(exporter(), 4096, GetParam().mappable);
+  auto p = export_and_import(plain, "unwoken", {});
+  EXPECT_FALSE(importer().describe(p)->wakeable);
+  EXPECT_TRUE(importer().wake(p).is(errc::invalid_argument));
+
+  // A pipe posing as the wake descriptor: refused by the importer.
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe2(pipe_fds, O_CLOEXEC), 0);
+  ASSERT_EQ(::fcntl(pipe_fds[0], F_SETFL, O_NONBLOCK), 0);  // the write end stays blocking
+  guarded_region piped(exporter(), 4096, GetParam().mappable);
+  core::export_options po;
+  po.wake_fd = pipe_fds[1];
+  auto q = export_and_import(piped, "piped", po);
+  EXPECT_FALSE(importer().describe(q)->wakeable);
+  EXPECT_TRUE(importer().wake(q).is(errc::invalid_argument));
+  char byte;
+  EXPECT_EQ(::read(pipe_fds[0], &byte, 1), -1);  // nothing was written (and never blocked)
+  ::close(pipe_fds[0]);
+  ::close(pipe_fds[1]);
+  ::close(efd);
 }
 
 TEST_P(Model, BlockingWaitTimesOutThenWakes) {

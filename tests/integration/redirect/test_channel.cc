@@ -4,6 +4,7 @@
 // redirection into posted buffers, end of stream, sleeping (with and without
 // the blocking forms), counters, and an end destroyed under its peer.
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -30,6 +31,7 @@ using redirect::channel;
 using redirect::channel_options;
 using redirect::receive_result;
 using redirect::sleep_reason;
+using redirect::wake_by;
 using clock_type = std::chrono::steady_clock;
 
 constexpr std::size_t ring = std::size_t{64} << 10;
@@ -952,6 +954,46 @@ TEST_P(Channel, SleepingReaderIsWokenByTheDoorbell) {
       << "close_write() did not ring the sleeping reader's doorbell";
   ASSERT_TRUE(pump({&a()}, [&] { return a().at_end(); }));
   EXPECT_FALSE(a().prepare_sleep(sleep_reason::data)) << "sleeping at end of stream";
+}
+
+// With a wait descriptor (channel_options::wait_fd), a sleeper that arms
+// with wake_by::wait_fd is woken through it where the peer maps our area
+// (the doorbell is not rung); elsewhere, and for a sleeper that arms with
+// wake_by::doorbell (it sleeps where it cannot watch the descriptor), the
+// doorbell rings as before.
+TEST_P(Channel, ASleeperWatchingItsWaitDescriptorIsWokenThroughIt) {
+  channel_options oa = options(doorbells_a_), ob = options(doorbells_b_);
+  oa.wait_fd = ob.wait_fd = true;
+  a_.emplace(create(context_a(), oa));
+  b_.emplace(create(context_b(), ob));
+  handshake(a(), b(), "hello-from-A", "hello-from-B");
+  ASSERT_GE(a().wait_fd(), 0);
+  const bool through_fd = !fabric();
+  const pattern_stream s(107);
+  std::vector<unsigned char> buffer;
+  std::uint64_t at = 0;
+  auto readable_fd = [&] {
+    pollfd p{a().wait_fd(), POLLIN, 0};
+    return ::poll(&p, 1, 0) == 1;
+  };
+  for (wake_by how : {wake_by::wait_fd, wake_by::doorbell, wake_by::wait_fd}) {
+    const int rung = doorbells_b_;
+    ASSERT_TRUE(a().prepare_sleep(sleep_reason::data, how));
+    result<std::size_t> w = b().write(s.at(at), 100);
+    ASSERT_TRUE(w) << describe(w.error());
+    const bool by_fd = how == wake_by::wait_fd && through_fd;
+    EXPECT_TRUE(pump(
+        {&b()}, [&] { return by_fd ? readable_fd() : doorbells_b_ > rung; }, 2s))
+        << "the sleeping reader was not woken";
+    EXPECT_EQ(doorbells_b_.load(), by_fd ? rung : rung + 1);
+    EXPECT_EQ(readable_fd(), by_fd);
+    a().clear_wait_fd();
+    EXPECT_FALSE(readable_fd());
+    ASSERT_NO_FATAL_FAILURE(read_exactly(b(), a(), buffer, *w));
+    EXPECT_EQ(s.mismatch(buffer.data(), *w, at), *w);
+    at += *w;
+  }
+  EXPECT_EQ(b().stats().doorbells_rung, 3u);  // woken either way, counted once each
 }
 
 TEST_P(Channel, SleepingWriterIsWokenWhenSpaceFrees) {

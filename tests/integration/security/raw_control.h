@@ -18,7 +18,7 @@
 namespace vmmc::test::raw {
 
 constexpr std::uint32_t control_magic = 0x434d4d56;
-constexpr std::uint16_t control_version = 3;
+constexpr std::uint16_t control_version = 4;
 enum frame_type : std::uint16_t {
   hello = 1,
   hello_reply = 2,
@@ -49,6 +49,7 @@ struct import_reply_body {
   std::uint32_t rights, mapped;
   std::uint64_t segment_offset, remote_address, key, ring_address, ring_key;
   std::uint32_t link_id, ring_capacity;
+  std::uint32_t has_wake_fd, reserved;
 };
 struct notify_record {
   std::uint32_t export_id, reserved;

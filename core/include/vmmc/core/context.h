@@ -106,6 +106,11 @@ struct export_options {
   // Let same-host importers map the export (see "Protection" below). false
   // keeps every importer on the fabric path, where a write grant cannot read.
   bool mapped = true;
+  // An eventfd this export's owner sleeps on, or -1. Importers that map the
+  // export are lent it, and context::wake() writes it: a waiter that sleeps
+  // in poll/epoll beside its other descriptors is woken without the kernel's
+  // network stack. Borrowed: it must stay open until unexport_buffer returns.
+  int wake_fd = -1;
 };
 
 // Handles are small values; a released handle is never reissued with the same
@@ -136,6 +141,9 @@ struct import_info {
   // never wait for the peer (a non-blocking stream write) copies its bytes
   // first instead of lending its buffer until completion.
   bool completion_needs_peer = false;
+  // The exporter lent its wake eventfd (export_options::wake_fd): wake()
+  // reaches it.
+  bool wakeable = false;
 };
 
 struct send_options {
@@ -326,6 +334,10 @@ class context {
   // exporter withdrew the export), peer_gone (the exporter is known to be
   // dead). Cheap: upper layers use it as a liveness check.
   result<import_info> describe(import_handle handle) const;
+  // Wakes the exporter of a wakeable import (one write to its eventfd; never
+  // blocks). Errors: unknown_handle, invalid_argument (not wakeable),
+  // system_error (the write failed; the eventfd's count is full).
+  status wake(import_handle handle) const;
 
   // --- deliberate update and fetch ---------------------------------------
   // Every range and right is checked before anything is posted; a rejected

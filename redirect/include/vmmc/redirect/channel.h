@@ -70,7 +70,14 @@ struct channel_options {
   // Taking `arm` lets the user note its own wake-up state before arming.
   // Empty: blocking waits nap briefly instead (fine for tests, not for idle
   // processes).
+  // It must watch wait_fd() too, when this end has one.
   std::function<void(const std::function<bool()>& arm, int timeout_ms)> await_doorbell;
+  // Give this end a wait descriptor (wait_fd(), an eventfd): a peer on this
+  // host that maps our area then wakes a sleeper that armed with
+  // wake_by::wait_fd by writing it, instead of calling its ring_doorbell
+  // (on a kernel connection: a TCP segment each way). Not given when the
+  // process already uses half of its descriptor limit.
+  bool wait_fd = false;
   // The other end (getpeername) of the kernel connection the peer's
   // descriptor travels over, when there is one. The peer's context address
   // must then point back at it (core::context::check_address_from): a peer
@@ -112,6 +119,11 @@ struct channel_counters {
 };
 
 enum class sleep_reason { data, space };
+// How a sleeper that arms will be woken: by the peer's ring_doorbell (it
+// sleeps on the user's own descriptor, e.g. in a kernel poll the user does
+// not control), or by a write to this end's wait_fd() when the peer can
+// (else by ring_doorbell: a sleeper on wait_fd watches both).
+enum class wake_by { doorbell, wait_fd };
 
 class channel {
  public:
@@ -217,7 +229,13 @@ class channel {
 
   // Call before sleeping on the doorbell. Returns false when sleeping would
   // lose a wake-up (data/space is there or on its way): poll instead.
-  bool prepare_sleep(sleep_reason reason);
+  bool prepare_sleep(sleep_reason reason, wake_by how = wake_by::doorbell);
+  // This end's wait descriptor (channel_options::wait_fd), or -1: readable
+  // once the peer woke a sleeper that armed with wake_by::wait_fd. A
+  // sleeper that saw it readable calls clear_wait_fd() (edge-triggered
+  // waits need not).
+  int wait_fd() const;
+  void clear_wait_fd();
   // A number that changes whenever the peer wrote something this end may
   // care about (bytes, credit, end of stream); for edge-triggered readiness.
   std::uint64_t activity();

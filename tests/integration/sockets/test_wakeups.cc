@@ -1,0 +1,146 @@
+// integration.sockets.wakeups: a peer on this host wakes a sleeper through
+// the channel's wait descriptor (an eventfd), not with doorbell bytes on the
+// TCP connection (one segment each, and the kernel's whole TCP path on both
+// ends). Whatever the sleeper waits in (a blocking read, poll, select,
+// epoll level- or edge-triggered), round trips with pauses, so that each side
+// is asleep when the other writes, move every byte and send no TCP segment.
+#include <linux/tcp.h>
+#include <sys/epoll.h>
+#include <sys/select.h>
+
+#include <thread>
+
+#include "integration/sockets/support.h"
+
+namespace vmmc::test {
+namespace {
+
+enum class style { blocking_read, poll, select, epoll_level, epoll_edge };
+
+std::string style_name(const testing::TestParamInfo<style>& info) {
+  switch (info.param) {
+    case style::blocking_read:
+      return "blocking_read";
+    case style::poll:
+      return "poll";
+    case style::select:
+      return "select";
+    case style::epoll_level:
+      return "epoll_level";
+    case style::epoll_edge:
+      return "epoll_edge";
+  }
+  return "unknown";
+}
+
+std::uint32_t segments_out(int fd) {
+  tcp_info info{};
+  socklen_t length = sizeof info;
+  return ::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &length) == 0 ? info.tcpi_segs_out : 0;
+}
+
+constexpr int rounds = 100;
+constexpr std::size_t message = 64;
+constexpr auto pause = std::chrono::milliseconds(2);  // far beyond any spin
+
+// The sleeping end: waits in `how` for each message, reads it whole and
+// echoes it; every other round it pauses first, so that the client's
+// blocking read sleeps too. Returns "" or what went wrong.
+std::string serve(const api& a, int fd, style how, int count) {
+  const bool nonblocking = how != style::blocking_read;
+  if (nonblocking && !set_nonblocking(a, fd, true)) return "fcntl failed";
+  int ep = -1;
+  if (how == style::epoll_level || how == style::epoll_edge) {
+    ep = a.epoll_create1(EPOLL_CLOEXEC);
+    epoll_event e{};
+    e.events = how == style::epoll_edge ? EPOLLIN | EPOLLET : EPOLLIN;
+    e.data.fd = fd;
+    if (ep < 0 || a.epoll_ctl(ep, EPOLL_CTL_ADD, fd, &e) != 0) return "epoll set-up failed";
+  }
+  std::string problem;
+  for (int i = 0; i < count && problem.empty(); ++i) {
+    char buffer[message];
+    std::size_t got = 0;
+    while (got < message && problem.empty()) {
+      if (how == style::poll) {
+        pollfd p{fd, POLLIN, 0};
+        if (a.poll(&p, 1, 5000) != 1) problem = "poll found nothing for 5 s";
+      } else if (how == style::select) {
+        fd_set readable;
+        FD_ZERO(&readable);
+        FD_SET(fd, &readable);
+        timeval limit{5, 0};
+        if (a.select(fd + 1, &readable, nullptr, nullptr, &limit) != 1)
+          problem = "select found nothing for 5 s";
+      } else if (ep >= 0) {
+        epoll_event e{};
+        if (a.epoll_wait(ep, &e, 1, 5000) != 1) problem = "epoll_wait found nothing for 5 s";
+      }
+      // Edge-triggered: read until EAGAIN before waiting again.
+      while (problem.empty() && got < message) {
+        ssize_t n = a.read(fd, buffer + got, message - got);
+        if (n > 0) {
+          got += static_cast<std::size_t>(n);
+        } else if (n < 0 && nonblocking && errno == EAGAIN) {
+          break;
+        } else {
+          problem = n == 0 ? "end of stream" : std::string("read: ") + std::strerror(errno);
+        }
+      }
+    }
+    if (!problem.empty()) break;
+    if (i % 2) std::this_thread::sleep_for(pause);
+    if (!write_all(a, fd, buffer, message)) problem = std::string("write: ") + std::strerror(errno);
+  }
+  if (ep >= 0) a.close(ep);
+  return problem;
+}
+
+class Wakeups : public testing::TestWithParam<style> {
+ protected:
+  watchdog guard_{60s};
+};
+
+TEST_P(Wakeups, ASleeperOnThisHostIsWokenWithoutTcpSegments) {
+  const api& a = vmmc_api;
+  socket_pair pair = connect_pair(a);
+  ASSERT_GE(pair.client, 0);
+  ASSERT_GE(pair.server, 0);
+  constexpr int warm_up = 4;  // the channel is set up on the first calls
+  std::string served;
+  std::thread server([&] { served = serve(a, pair.server, GetParam(), warm_up + rounds); });
+  std::vector<char> out(message), in(message);
+  std::uint32_t before = 0;
+  std::uint64_t moved = 0;
+  for (int i = 0; i < warm_up + rounds; ++i) {
+    if (i == warm_up) {
+      EXPECT_EQ(check_accelerated(a, pair.client), "");
+      before = segments_out(pair.client) + segments_out(pair.server);
+    }
+    fill_pattern(7, static_cast<std::uint64_t>(i) * message,
+                 reinterpret_cast<unsigned char*>(out.data()), out.size());
+    ASSERT_TRUE(write_all(a, pair.client, out.data(), out.size())) << std::strerror(errno);
+    ASSERT_EQ(read_full(a, pair.client, in.data(), in.size()), static_cast<ssize_t>(message));
+    ASSERT_EQ(in, out) << "round " << i;
+    moved += message;
+    std::this_thread::sleep_for(pause);
+  }
+  const std::uint32_t segments = segments_out(pair.client) + segments_out(pair.server) - before;
+  server.join();
+  EXPECT_EQ(served, "");
+  EXPECT_EQ(moved, static_cast<std::uint64_t>(warm_up + rounds) * message);
+  // Before: a doorbell segment per message each way that found its reader
+  // asleep (here about 300 in 100 round trips).
+  EXPECT_LE(segments, 5u) << "TCP segments sent during " << rounds << " round trips";
+  EXPECT_EQ(check_accelerated(a, pair.server), "");
+  a.close(pair.client);
+  a.close(pair.server);
+}
+
+INSTANTIATE_TEST_SUITE_P(styles, Wakeups,
+                         testing::Values(style::blocking_read, style::poll, style::select,
+                                         style::epoll_level, style::epoll_edge),
+                         style_name);
+
+}  // namespace
+}  // namespace vmmc::test
