@@ -242,7 +242,20 @@ void enter_listener(stream& s) {
 void enter_client(stream& s, const sockaddr* address, socklen_t length) {
   bool sized = (address->sa_family == AF_INET && length >= sizeof(sockaddr_in)) ||
                (address->sa_family == AF_INET6 && length >= sizeof(sockaddr_in6));
-  if (!sized || !enabled() || !peer_on_this_host(address)) return;  // other hosts: route.cc
+  if (!sized || !enabled()) return;
+  // A connect() to the unspecified address (sockperf's default) reaches this
+  // host's loopback: look for the listener there.
+  sockaddr_storage loopback{};
+  if (wildcard(address)) {
+    std::memcpy(&loopback, address,
+                address->sa_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6));
+    if (address->sa_family == AF_INET)
+      reinterpret_cast<sockaddr_in*>(&loopback)->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    else
+      reinterpret_cast<sockaddr_in6*>(&loopback)->sin6_addr = in6addr_loopback;
+    address = reinterpret_cast<const sockaddr*>(&loopback);
+  }
+  if (!peer_on_this_host(address)) return;  // other hosts: route.cc
   const bool at_once = upgrade_after() == 0;
   const presence::listener server = presence::listener_at(address, length, at_once);
   if (server == presence::listener::plain || (at_once && server != presence::listener::entered)) {

@@ -734,6 +734,10 @@ void send_offer(stream& s) {
   // No offer byte at all where we would not upgrade: a peer on another host
   // (or a middlebox) never sees one.
   if (!learn_ends(s)) return become_plain(s, fallback::offer_failed);
+  // A peer on this host asks through the presence table, never with a byte
+  // a plain one could read (SO_OOBINLINE); one reached without it (an
+  // address connect() did not show as ours) stays on TCP.
+  if (s.peer_here) return become_plain(s, fallback::offer_failed);
   if (auto why = keep_on_tcp_to(s.peer_here)) return become_plain(s, *why);
   unsigned char offer = wire::offer_byte;
   if (::send(s.fd, &offer, 1, MSG_OOB | MSG_NOSIGNAL | MSG_DONTWAIT) != 1)

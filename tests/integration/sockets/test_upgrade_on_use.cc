@@ -288,5 +288,42 @@ TEST(UpgradeOnUse, APlainPeerIsKnownOnceTheConnectionEarnedAChannel) {
   }
 }
 
+// sockperf's default: a server listening on the unspecified address and a
+// client connecting to it (Linux takes 0.0.0.0 for this host's loopback).
+// The client took the peer for another host, sent an urgent offer byte that
+// the server never reads (it looks for the client in the presence table), and
+// both ends stayed on TCP ("peer does not run vmmc").
+TEST(UpgradeOnUse, AClientConnectingToTheUnspecifiedAddressMovesToTheChannel) {
+  const api& a = vmmc_api;
+  int listener = a.socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in any{};
+  any.sin_family = AF_INET;
+  socklen_t length = sizeof any;
+  ASSERT_EQ(a.bind(listener, reinterpret_cast<sockaddr*>(&any), sizeof any), 0);
+  ASSERT_EQ(a.listen(listener, 8), 0);
+  ASSERT_EQ(a.getsockname(listener, reinterpret_cast<sockaddr*>(&any), &length), 0);
+  int client = a.socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_EQ(a.connect(client, reinterpret_cast<sockaddr*>(&any), sizeof any), 0)
+      << std::strerror(errno);
+  int server = accept_within(a, listener);
+  ASSERT_GE(server, 0);
+  char byte = 'x';
+  for (int round = 0; round < 40; ++round) {
+    ASSERT_TRUE(write_all(a, client, &byte, 1));
+    ASSERT_EQ(read_full(a, server, &byte, 1), 1);
+    ASSERT_TRUE(write_all(a, server, &byte, 1));
+    ASSERT_EQ(read_full(a, client, &byte, 1), 1);
+  }
+  EXPECT_EQ(check_accelerated(a, client), "");
+  EXPECT_EQ(check_accelerated(a, server), "");
+  // No offer byte: the client's TCP bytes are its own (those before the
+  // switch).
+  EXPECT_LE(carried(client).sent, 40u);
+  a.close(client);
+  a.close(server);
+  a.close(listener);
+}
+
 }  // namespace
 }  // namespace vmmc::test
