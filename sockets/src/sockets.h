@@ -173,6 +173,9 @@ struct stream {
   std::condition_variable sleep_cv;
   bool descriptor_sleeper = false;
   std::atomic<std::uint64_t> doorbell_generation{0};
+  // The application sleeps on this stream in our poll, select or epoll
+  // (watching the channel's wait descriptor): an EAGAIN arms for it too.
+  std::atomic<bool> sleeps_in_our_waits{false};
 
   // --- Going back to TCP (revert.cc; wire.h's revert records).
   // Channel bytes we wrote, and those we consumed (read or stashed).

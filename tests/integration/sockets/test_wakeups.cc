@@ -3,7 +3,8 @@
 // TCP connection (one segment each, and the kernel's whole TCP path on both
 // ends). Whatever the sleeper waits in (a blocking read, poll, select,
 // epoll level- or edge-triggered), round trips with pauses, so that each side
-// is asleep when the other writes, move every byte and send no TCP segment.
+// is asleep when the other writes (or between its EAGAIN and its wait), move
+// every byte and send no TCP segment.
 #include <linux/tcp.h>
 #include <sys/epoll.h>
 #include <sys/select.h>
@@ -43,9 +44,13 @@ constexpr int rounds = 100;
 constexpr std::size_t message = 64;
 constexpr auto pause = std::chrono::milliseconds(2);  // far beyond any spin
 
-// The sleeping end: waits in `how` for each message, reads it whole and
-// echoes it; every other round it pauses first, so that the client's
-// blocking read sleeps too. Returns "" or what went wrong.
+// The sleeping end: reads each message whole (a non-blocking one until
+// EAGAIN, then it waits in `how`, as event loops do) and echoes it. In odd
+// rounds it pauses before the echo, so that the client's blocking read
+// sleeps too; in even rounds a non-blocking one pauses after its EAGAIN, so
+// that the client writes before the wait arms again (a peer that rang the
+// TCP doorbell for the EAGAIN's arm sent a segment each way). Returns "" or
+// what went wrong.
 std::string serve(const api& a, int fd, style how, int count) {
   const bool nonblocking = how != style::blocking_read;
   if (nonblocking && !set_nonblocking(a, fd, true)) return "fcntl failed";
@@ -57,35 +62,40 @@ std::string serve(const api& a, int fd, style how, int count) {
     e.data.fd = fd;
     if (ep < 0 || a.epoll_ctl(ep, EPOLL_CTL_ADD, fd, &e) != 0) return "epoll set-up failed";
   }
+  auto wait = [&]() -> std::string {
+    if (how == style::poll) {
+      pollfd p{fd, POLLIN, 0};
+      if (a.poll(&p, 1, 5000) != 1) return "poll found nothing for 5 s";
+    } else if (how == style::select) {
+      fd_set readable;
+      FD_ZERO(&readable);
+      FD_SET(fd, &readable);
+      timeval limit{5, 0};
+      if (a.select(fd + 1, &readable, nullptr, nullptr, &limit) != 1)
+        return "select found nothing for 5 s";
+    } else if (ep >= 0) {
+      epoll_event e{};
+      if (a.epoll_wait(ep, &e, 1, 5000) != 1) return "epoll_wait found nothing for 5 s";
+    }
+    return "";
+  };
   std::string problem;
   for (int i = 0; i < count && problem.empty(); ++i) {
     char buffer[message];
     std::size_t got = 0;
+    bool paused = false;
     while (got < message && problem.empty()) {
-      if (how == style::poll) {
-        pollfd p{fd, POLLIN, 0};
-        if (a.poll(&p, 1, 5000) != 1) problem = "poll found nothing for 5 s";
-      } else if (how == style::select) {
-        fd_set readable;
-        FD_ZERO(&readable);
-        FD_SET(fd, &readable);
-        timeval limit{5, 0};
-        if (a.select(fd + 1, &readable, nullptr, nullptr, &limit) != 1)
-          problem = "select found nothing for 5 s";
-      } else if (ep >= 0) {
-        epoll_event e{};
-        if (a.epoll_wait(ep, &e, 1, 5000) != 1) problem = "epoll_wait found nothing for 5 s";
-      }
-      // Edge-triggered: read until EAGAIN before waiting again.
-      while (problem.empty() && got < message) {
-        ssize_t n = a.read(fd, buffer + got, message - got);
-        if (n > 0) {
-          got += static_cast<std::size_t>(n);
-        } else if (n < 0 && nonblocking && errno == EAGAIN) {
-          break;
-        } else {
-          problem = n == 0 ? "end of stream" : std::string("read: ") + std::strerror(errno);
+      ssize_t n = a.read(fd, buffer + got, message - got);
+      if (n > 0) {
+        got += static_cast<std::size_t>(n);
+      } else if (n < 0 && nonblocking && errno == EAGAIN) {
+        if (i % 2 == 0 && !paused) {
+          std::this_thread::sleep_for(2 * pause);
+          paused = true;
         }
+        problem = wait();
+      } else {
+        problem = n == 0 ? "end of stream" : std::string("read: ") + std::strerror(errno);
       }
     }
     if (!problem.empty()) break;
