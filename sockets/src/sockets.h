@@ -151,8 +151,10 @@ struct stream {
   // Under write_mutex, like everything that places the hello.
   bool switch_doorbell_owed = false;
   // No hello placed before this (steady clock, ns): the peer's process did
-  // not answer the import of its area (stopped). Under write_mutex.
+  // not answer the import of its area (stopped), hello_tries times so far.
+  // Under write_mutex.
   std::int64_t next_hello_try = 0;
+  int hello_tries = 0;
   // Incoming: raw bytes read from TCP so far; the peer's N once known;
   // in_switched once all of them are read.
   std::atomic<std::uint64_t> tcp_in{0};

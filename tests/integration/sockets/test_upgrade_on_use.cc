@@ -229,6 +229,70 @@ TEST(UpgradeOnUse, AStoppedClientDoesNotHoldUpTheServer) {
   vmmc_api.close(listener);
 }
 
+// The client of the test below: as stops_after_hello, then reads to the end
+// and says how many bytes came after its echo.
+const peer_role stops_then_drains("stops_then_drains", [](peer_context& p) {
+  int fd = p.connect_to_parent();
+  if (fd < 0) return 1;
+  for (unsigned char byte = 0;; ++byte) {
+    if (!write_all(p.io(), fd, &byte, 1)) return p.fail(std::strerror(errno)), 1;
+    auto info = vmmc::sockets::describe(fd);
+    if (info && info->bytes_out > 0) break;
+    p.say("wrote tcp");
+    unsigned char echo = 0;
+    if (read_full(p.io(), fd, &echo, 1) != 1 || echo != byte) return p.fail("wrong echo"), 1;
+  }
+  p.say("stopping");
+  ::raise(SIGSTOP);
+  std::string rest;
+  if (read_to_eof(p.io(), fd, rest) < 0) return p.fail(std::strerror(errno)), 1;
+  p.say("got " + std::to_string(rest.size()));
+  p.io().close(fd);
+  return 0;
+});
+
+// A client stopped for good after its hello: the server's writes, 20 ms
+// apart for 7.5 s, try to place its own hello now and then, and each try
+// waits 100 ms for the client's process. Tried every second, that was 0.8 s
+// of waits in 7.5 s for an event-driven server and all its clients; the
+// tries now back off (1, 2, 4 s ...): 0.4 s.
+TEST(UpgradeOnUse, AClientStoppedForGoodCostsTheServerFewerAndFewerWaits) {
+  int port = 0;
+  const int listener = listen_loopback(vmmc_api, &port);
+  ASSERT_GE(listener, 0) << std::strerror(errno);
+  peer client("stops_then_drains", vmmc_api, {std::to_string(port)});
+  const int server = accept_within(vmmc_api, listener);
+  ASSERT_GE(server, 0) << std::strerror(errno);
+  unsigned char byte = 0;
+  while (client.read_line() == "wrote tcp") {
+    ASSERT_EQ(read_full(vmmc_api, server, &byte, 1), 1);
+    ASSERT_TRUE(write_all(vmmc_api, server, &byte, 1));
+  }
+  for (int i = 0; i < 500 && !fault::is_stopped(client.pid()); ++i)
+    std::this_thread::sleep_for(10ms);
+  ASSERT_TRUE(fault::is_stopped(client.pid())) << "the client did not stop";
+  ASSERT_EQ(read_full(vmmc_api, server, &byte, 1), 1);  // its hello is there
+  using clock = std::chrono::steady_clock;
+  clock::duration in_writes{};
+  std::size_t written = 0;
+  for (const auto end = clock::now() + 7500ms; clock::now() < end; ++written) {
+    const auto start = clock::now();
+    ASSERT_TRUE(write_all(vmmc_api, server, &byte, 1));
+    in_writes += clock::now() - start;
+    std::this_thread::sleep_for(20ms);
+  }
+  ::kill(client.pid(), SIGCONT);
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(in_writes).count();
+  std::printf("[ upgrade  ] %zu writes of one byte over 7.5 s, client stopped: %lld ms in them\n",
+              written, static_cast<long long>(ms));
+  EXPECT_LT(in_writes, 600ms) << ms << " ms in the server's writes";
+  vmmc_api.shutdown(server, SHUT_WR);
+  EXPECT_EQ(client.read_line(), "got " + std::to_string(written));
+  EXPECT_EQ(client.wait(), 0);
+  vmmc_api.close(server);
+  vmmc_api.close(listener);
+}
+
 // A client that reads urgent bytes inline (SO_OOBINLINE) sees the server's
 // answer, accept byte and hello frame, as ordinary bytes at the head of its
 // queue: it must take them as the answer there, never hand them out as data,
