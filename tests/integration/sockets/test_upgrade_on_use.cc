@@ -253,9 +253,9 @@ const peer_role stops_then_drains("stops_then_drains", [](peer_context& p) {
 
 // A client stopped for good after its hello: the server's writes, 20 ms
 // apart for 7.5 s, try to place its own hello now and then, and each try
-// waits 100 ms for the client's process. Tried every second, that was 0.8 s
+// waits 100 ms for the client's process. Tried every second, that was 0.7 s
 // of waits in 7.5 s for an event-driven server and all its clients; the
-// tries now back off (1, 2, 4 s ...): 0.4 s.
+// tries now back off (1, 2, 4 s ...): 0.3 s.
 TEST(UpgradeOnUse, AClientStoppedForGoodCostsTheServerFewerAndFewerWaits) {
   int port = 0;
   const int listener = listen_loopback(vmmc_api, &port);
