@@ -18,12 +18,13 @@ def write(target, name, data):
 
 # ---- core: control frames (core/src/wire.h), address blobs, records
 blob = "vmmc1;h=0123456789abcdef.4026531992;p=4242;u=1000;n=987654321;c=127.0.0.1:40000;f.shm=0a0b0c0d"
-def frame(kind, body, magic=0x434D4D56, version=2, length=None):
+def frame(kind, body, magic=0x434D4D56, version=4, length=None):
     return struct.pack("<IHHI", magic, version, kind, len(body) if length is None else length) + body
 hello = frame(1, struct.pack("<III", 1000, 4242, len(blob)) + blob.encode())
 request = frame(3, struct.pack("<QII32s", 7, 1, 5, b"shm") + b"inbox")
-mapped_reply = frame(4, struct.pack("<QIIQIIQQQQQII", 7, 0, 3, 65536, 3, 1, 4096, 0, 0, 0, 0, 0, 0))
-fabric_reply = frame(4, struct.pack("<QIIQIIQQQQQII", 8, 0, 3, 65536, 3, 0, 0, 0x7f0000, 42, 0x7e0000, 43, 1, 256))
+# import_reply: ... link_id, ring_capacity, has_wake_fd, reserved
+mapped_reply = frame(4, struct.pack("<QIIQIIQQQQQIIII", 7, 0, 3, 65536, 3, 1, 4096, 0, 0, 0, 0, 0, 0, 1, 0))
+fabric_reply = frame(4, struct.pack("<QIIQIIQQQQQIIII", 8, 0, 3, 65536, 3, 0, 0, 0x7f0000, 42, 0x7e0000, 43, 1, 256, 0, 0))
 write("core_control", "hello", hello)
 write("core_control", "import", request + mapped_reply + fabric_reply + frame(8, b""))
 write("core_control", "replies", frame(2, struct.pack("<II", 0, 1)) + frame(6, struct.pack("<II", 3, 0)))
