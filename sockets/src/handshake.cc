@@ -627,7 +627,7 @@ void sleep_on_doorbell(stream& s, const std::function<bool()>& arm, int timeout_
   if (!s.descriptor_sleeper) {
     s.descriptor_sleeper = true;
     lock.unlock();
-    const int wait_fd = s.chan ? s.chan->wait_fd() : -1;
+    const int wait_fd = wait_fd_of(s);
     pollfd pfd[2] = {{s.fd, POLLIN, 0}, {wait_fd, POLLIN, 0}};
     ::poll(pfd, wait_fd >= 0 ? 2 : 1, timeout_ms);
     if (pfd[1].revents) s.chan->clear_wait_fd();

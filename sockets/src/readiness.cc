@@ -454,7 +454,7 @@ std::uint32_t member_events(epoll_set& set, int fd, interest& in, std::uint32_t 
 // While streams keep being ready, the kernel is asked only every few rounds
 // (a busy server then makes no system call per wait); what it holds waits
 // that long at most.
-int collect(int epfd, epoll_set& set, epoll_event* events, int max_events, int timeout_ms) {
+int collect(epoll_set& set, epoll_event* events, int max_events, int timeout_ms) {
   thread_local std::vector<epoll_event> kernel;
   kernel.resize(static_cast<std::size_t>(max_events));
   int got = 0;
@@ -464,7 +464,7 @@ int collect(int epfd, epoll_set& set, epoll_event* events, int max_events, int t
     skip_kernel = timeout_ms == 0 && set.rounds_without_kernel > 0 && set.rounds_without_kernel < 4;
     if (!skip_kernel) set.rounds_without_kernel = 0;
   }
-  if (!skip_kernel) got = ::epoll_wait(epfd, kernel.data(), max_events, timeout_ms);
+  if (!skip_kernel) got = ::epoll_wait(set.epfd, kernel.data(), max_events, timeout_ms);
   if (got < 0) return -1;
 
   std::lock_guard lock(set.mutex);
@@ -644,7 +644,7 @@ int epoll_wait(int epfd, epoll_event* events, int max_events, int timeout_ms) {
   const bool deciding_only = all_kernel_only(*set);
   return wait_for_readiness(
       timeout_ms, deciding_only, deciding_only || any_kernel_member(*set),
-      [&](int ms) { return collect(epfd, *set, events, max_events, ms); },
+      [&](int ms) { return collect(*set, events, max_events, ms); },
       [&] { return any_stream_ready(*set); }, [&] { return arm_streams(*set); },
       [&] { return any_channel_member(*set); });
 }
