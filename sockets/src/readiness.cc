@@ -9,9 +9,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "sockets.h"
@@ -315,14 +315,19 @@ int pselect(int nfds, fd_set* readable, fd_set* writable, fd_set* exceptional,
 
 // ------------------------------------------------------------------ epoll
 //
-// Every descriptor added through epoll_ctl is registered in the kernel with
-// its own number as data, and the caller's event (events + data) is kept
-// here; events are translated back on the way out. Streams of ours are
-// registered for EPOLLIN (doorbells) and lose EPOLLOUT in the kernel once
-// their writes go through the channel, whose space we check ourselves. A
-// stream's wait descriptor joins the set, edge-triggered (never read), at
-// its first sleep, with its stream's number and wake_tag as data: its
-// event only ends the sleep.
+// A descriptor whose readiness can never be ours (not a stream of ours, or
+// one on kernel TCP for good) is registered in the kernel with the caller's
+// own event and is not kept here: the kernel's answer for it is the
+// caller's, and a set of such members costs a wait nothing. A stream that
+// may be ours (a member) is registered with member_tag and its number as
+// data, and the caller's event (events + data) is kept here; its events are
+// translated back on the way out. Members are registered for EPOLLIN
+// (doorbells) and lose EPOLLOUT in the kernel once their writes go through
+// the channel, whose space we check ourselves. A stream's wait descriptor
+// joins the set, edge-triggered (never read), at its first sleep, with
+// wake_tag and its stream's number as data: its event only ends the sleep.
+// Caller data that looks like a tag makes a member too, so no kernel
+// answer is ever taken for what it is not.
 namespace {
 struct interest {
   // The stream behind the member, looked up once (epoll_ctl) rather than in
@@ -336,18 +341,36 @@ struct interest {
   // the kernel, a level-triggered member is asked alone (it may still hold
   // bytes, and level-triggered means reported again while it does).
   bool kernel_ready = false;
-  int wait_fd = -1;  // the stream's wait descriptor, registered in the set
+  int wait_fd = -1;                  // the stream's wait descriptor, registered in the set
+  std::uint64_t reported_round = 0;  // the kernel reported it in that round (epoll_set::round)
 };
 
-constexpr std::uint64_t wake_tag = std::uint64_t{1} << 32;
+constexpr std::uint64_t tag_mask = ~std::uint64_t{0xffffffff};
+constexpr std::uint64_t member_tag = std::uint64_t{0x766d6d63} << 32;  // "vmmc"
+constexpr std::uint64_t wake_tag = std::uint64_t{0x766d6d64} << 32;
+
+bool tagged(std::uint64_t data) {
+  const std::uint64_t tag = data & tag_mask;
+  return tag == member_tag || tag == wake_tag;
+}
 
 struct epoll_set {
   explicit epoll_set(int fd) : epfd(fd) {}
   const int epfd;
   std::mutex mutex;
   std::unordered_map<int, interest> members;
+  std::atomic<std::size_t> member_count{0};  // members.size(), read without the lock
+  // Descriptors registered with the caller's own event: added less removed
+  // (one the program closed without EPOLL_CTL_DEL stays counted).
+  std::size_t kernel_only_members = 0;
   int rounds_without_kernel = 0;  // collect(): streams reported without asking the kernel
+  std::uint64_t round = 0;        // kernel answers translated so far
 };
+
+// Whether the set must translate the kernel's answers for this descriptor.
+bool is_member(const stream* s, const epoll_event& e) {
+  return (s && (s->state.load() != phase::plain || stash_size(*s) > 0)) || tagged(e.data.u64);
+}
 
 struct epoll_registry {
   std::shared_mutex mutex;
@@ -435,7 +458,7 @@ std::uint32_t member_events(epoll_set& set, int fd, interest& in, std::uint32_t 
   ev &= wanted | EPOLLERR | EPOLLHUP;
   if (std::uint32_t k = kernel_events_for(s, wanted); k != in.kernel_events) {
     epoll_event mod{k, {}};
-    mod.data.u64 = static_cast<std::uint64_t>(fd);
+    mod.data.u64 = member_tag | static_cast<std::uint32_t>(fd);
     if (::epoll_ctl(set.epfd, EPOLL_CTL_MOD, fd, &mod) == 0) in.kernel_events = mod.events;
   }
   if (ev == 0) return 0;
@@ -449,14 +472,71 @@ std::uint32_t member_events(epoll_set& set, int fd, interest& in, std::uint32_t 
   return ev;
 }
 
+// The kernel's answer (`got` events, in place) as the caller's: members'
+// events translated (or dropped: nothing for the caller, or a wait
+// descriptor's, which only ends a sleep), the others as the kernel gave
+// them. Members reported are marked with `round`. Under the set's lock.
+int translate(epoll_set& set, epoll_event* events, int got, std::uint64_t round) {
+  int n = 0;
+  for (int i = 0; i < got; ++i) {
+    const std::uint64_t data = events[i].data.u64;
+    if (!tagged(data)) {
+      events[n++] = events[i];
+      continue;
+    }
+    if ((data & tag_mask) == wake_tag) continue;
+    const int fd = static_cast<int>(static_cast<std::uint32_t>(data));
+    auto it = set.members.find(fd);
+    if (it == set.members.end()) continue;
+    interest& in = it->second;
+    in.reported_round = round;
+    in.kernel_ready = true;
+    if (std::uint32_t ev = member_events(set, fd, in, events[i].events)) {
+      events[n].events = ev;
+      events[n].data = in.user.data;
+      ++n;
+      if (in.user.events & EPOLLONESHOT) in.disabled = true;
+    }
+  }
+  return n;
+}
+
+// The kernel's wait alone, for a set without members: its answer is the
+// caller's but for a member a concurrent epoll_ctl added meanwhile. If
+// that leaves nothing of a wait that may have time left, returns nullopt:
+// the caller waits our way for what is left.
+std::optional<int> wait_in_kernel(epoll_set& set, epoll_event* events, int max_events,
+                                  int timeout_ms, const sigset_t* mask) {
+  const int got = mask ? ::epoll_pwait(set.epfd, events, max_events, timeout_ms, mask)
+                       : ::epoll_wait(set.epfd, events, max_events, timeout_ms);
+  if (got <= 0 ||
+      std::none_of(events, events + got, [](const epoll_event& e) { return tagged(e.data.u64); }))
+    return got;
+  std::lock_guard lock(set.mutex);
+  const int n = translate(set, events, got, ++set.round);
+  if (n > 0 || timeout_ms == 0) return n;
+  return std::nullopt;
+}
+
+// epoll_wait and epoll_pwait on a set without members: the kernel's wait,
+// atomic with respect to the mask as without us. nullopt: wait our way
+// for `timeout_ms`, now what is left.
+std::optional<int> wait_without_members(epoll_set& set, epoll_event* events, int max_events,
+                                        int& timeout_ms, const sigset_t* mask) {
+  if (set.member_count.load(std::memory_order_acquire) != 0) return std::nullopt;
+  const auto deadline = deadline_after(timeout_ms);
+  if (auto n = wait_in_kernel(set, events, max_events, timeout_ms, mask)) return n;
+  timeout_ms = milliseconds_until(deadline);
+  if (timeout_ms == 0) return 0;
+  return std::nullopt;
+}
+
 // One round: first every descriptor the kernel reported (an edge it gave us
 // must not be dropped), then our streams whose channels are ready.
 // While streams keep being ready, the kernel is asked only every few rounds
 // (a busy server then makes no system call per wait); what it holds waits
 // that long at most.
 int collect(epoll_set& set, epoll_event* events, int max_events, int timeout_ms) {
-  thread_local std::vector<epoll_event> kernel;
-  kernel.resize(static_cast<std::size_t>(max_events));
   int got = 0;
   bool skip_kernel = false;
   {
@@ -464,33 +544,15 @@ int collect(epoll_set& set, epoll_event* events, int max_events, int timeout_ms)
     skip_kernel = timeout_ms == 0 && set.rounds_without_kernel > 0 && set.rounds_without_kernel < 4;
     if (!skip_kernel) set.rounds_without_kernel = 0;
   }
-  if (!skip_kernel) got = ::epoll_wait(set.epfd, kernel.data(), max_events, timeout_ms);
+  if (!skip_kernel) got = ::epoll_wait(set.epfd, events, max_events, timeout_ms);
   if (got < 0) return -1;
 
   std::lock_guard lock(set.mutex);
-  int n = 0;
-  auto emit = [&](interest& in, std::uint32_t ev) {
-    events[n].events = ev;
-    events[n].data = in.user.data;
-    ++n;
-    if (in.user.events & EPOLLONESHOT) in.disabled = true;
-  };
-  thread_local std::unordered_set<int> reported;
-  reported.clear();
-  for (int i = 0; i < got; ++i) {
-    if (kernel[i].data.u64 & wake_tag)
-      continue;  // a wait descriptor: its stream is looked at below
-    int fd = static_cast<int>(kernel[i].data.u64);
-    auto it = set.members.find(fd);
-    if (it == set.members.end()) continue;
-    reported.insert(fd);
-    it->second.kernel_ready = true;
-    if (std::uint32_t ev = member_events(set, fd, it->second, kernel[i].events))
-      emit(it->second, ev);
-  }
+  const std::uint64_t round = ++set.round;
+  int n = translate(set, events, got, round);
   for (auto& [fd, in] : set.members) {
     if (n >= max_events) break;
-    if (reported.count(fd)) continue;
+    if (in.reported_round == round) continue;
     if (!skip_kernel) in.kernel_ready = false;
     stream* s = member_stream(set, in);
     // Before its switch (or its decision) a stream's bytes are the kernel's,
@@ -510,7 +572,12 @@ int collect(epoll_set& set, epoll_event* events, int max_events, int timeout_ms)
       if (::poll(&look, 1, 0) == 1) kev = static_cast<std::uint16_t>(look.revents);
       in.kernel_ready = kev != 0;
     }
-    if (std::uint32_t ev = member_events(set, fd, in, kev)) emit(in, ev);
+    if (std::uint32_t ev = member_events(set, fd, in, kev)) {
+      events[n].events = ev;
+      events[n].data = in.user.data;
+      ++n;
+      if (in.user.events & EPOLLONESHOT) in.disabled = true;
+    }
   }
   set.rounds_without_kernel = n > 0 ? set.rounds_without_kernel + 1 : 0;
   return n;
@@ -529,6 +596,7 @@ bool any_channel_member(epoll_set& set) {
 // A member only the kernel makes ready (no channel of ours).
 bool any_kernel_member(epoll_set& set) {
   std::lock_guard lock(set.mutex);
+  if (set.kernel_only_members > 0) return true;
   for (auto& [fd, in] : set.members) {
     stream* s = member_stream(set, in);
     if (!in.disabled && (!s || s->state.load(std::memory_order_relaxed) != phase::upgraded))
@@ -598,33 +666,52 @@ int epoll_ctl(int epfd, int op, int fd, epoll_event* event) {
   detail::api_call entered;
   auto set = find_set(epfd);
   if (!set) return ::epoll_ctl(epfd, op, fd, event);
-  stream_ptr s = find(fd);
+  stream_ptr s = op == EPOLL_CTL_DEL ? nullptr : find(fd);
   std::lock_guard lock(set->mutex);
   auto known = set->members.find(fd);
+  const bool was_member = known != set->members.end();
+  // Done with the member behind `fd` (if any): its wait descriptor too.
+  auto drop_member = [&] {
+    if (!was_member) return;
+    forget_wait_fd(*set, known->second);
+    set->members.erase(known);
+    set->member_count.store(set->members.size(), std::memory_order_release);
+  };
   if (op == EPOLL_CTL_DEL) {
     int r = ::epoll_ctl(epfd, op, fd, event);
-    if (r == 0 && known != set->members.end()) {
-      forget_wait_fd(*set, known->second);
-      set->members.erase(known);
-    }
+    if (r == 0 && was_member)
+      drop_member();
+    else if (r == 0 && set->kernel_only_members > 0)
+      --set->kernel_only_members;
     return r;
   }
   if (!event) {
     errno = EFAULT;
     return -1;
   }
+  if (!is_member(s.get(), *event)) {
+    int r = ::epoll_ctl(epfd, op, fd, event);
+    if (r == 0 && (op == EPOLL_CTL_ADD || was_member)) ++set->kernel_only_members;
+    if (r == 0) drop_member();
+    return r;
+  }
   epoll_event k{kernel_events_for(s.get(), event->events), {}};
-  k.data.u64 = static_cast<std::uint64_t>(fd);
+  k.data.u64 = member_tag | static_cast<std::uint32_t>(fd);
+  // Counted before the kernel may report it: a wait that finds no member
+  // translates anyway what is tagged (wait_in_kernel).
+  set->member_count.store(set->members.size() + 1, std::memory_order_release);
   int r = ::epoll_ctl(epfd, op, fd, &k);
   if (r == 0) {
     // Another stream behind the same number (the last one closed unseen)
     // takes its wait descriptor along; the same one keeps it registered.
     int keep_wait_fd = -1;
-    if (known != set->members.end()) {
+    if (was_member) {
       if (known->second.stream == s)
         keep_wait_fd = known->second.wait_fd;
       else
         forget_wait_fd(*set, known->second);
+    } else if (op == EPOLL_CTL_MOD && set->kernel_only_members > 0) {
+      --set->kernel_only_members;
     }
     interest& in = set->members[fd];
     in = interest{};
@@ -633,6 +720,7 @@ int epoll_ctl(int epfd, int op, int fd, epoll_event* event) {
     in.user = *event;
     in.kernel_events = k.events;
   }
+  set->member_count.store(set->members.size(), std::memory_order_release);
   return r;
 }
 
@@ -640,6 +728,7 @@ int epoll_wait(int epfd, epoll_event* events, int max_events, int timeout_ms) {
   detail::api_call entered;
   auto set = find_set(epfd);
   if (!set || max_events <= 0) return ::epoll_wait(epfd, events, max_events, timeout_ms);
+  if (auto n = wait_without_members(*set, events, max_events, timeout_ms, nullptr)) return *n;
   busy_call busy;
   const bool deciding_only = all_kernel_only(*set);
   return wait_for_readiness(
@@ -652,7 +741,9 @@ int epoll_wait(int epfd, epoll_event* events, int max_events, int timeout_ms) {
 int epoll_pwait(int epfd, epoll_event* events, int max_events, int timeout_ms,
                 const sigset_t* mask) {
   detail::api_call entered;
-  if (!find_set(epfd)) return ::epoll_pwait(epfd, events, max_events, timeout_ms, mask);
+  auto set = find_set(epfd);
+  if (!set || max_events <= 0) return ::epoll_pwait(epfd, events, max_events, timeout_ms, mask);
+  if (auto n = wait_without_members(*set, events, max_events, timeout_ms, mask)) return *n;
   sigset_t saved;
   if (mask) ::pthread_sigmask(SIG_SETMASK, mask, &saved);
   int r = vmmc::sockets::epoll_wait(epfd, events, max_events, timeout_ms);

@@ -8,9 +8,11 @@
 #include <netinet/tcp.h>
 #include <signal.h>
 #include <sys/epoll.h>
+#include <sys/syscall.h>
 
 #include <atomic>
 #include <fstream>
+#include <set>
 #include <thread>
 
 #include "integration/core/child_process.h"
@@ -499,6 +501,83 @@ TEST_P(Semantics, EpollLevelTriggeredReportsUntilDrained) {
   ASSERT_EQ(io().epoll_ctl(ep, EPOLL_CTL_DEL, c, nullptr), 0);
   EXPECT_EQ(io().epoll_wait(ep, out, 4, 0), 0);
   io().close(ep);
+}
+
+// A set holding descriptors that are not streams of ours (pipes here) and
+// streams: each event comes back with the caller's own data, even data
+// that looks like what vmmc tags its own registrations with. For a set of
+// such descriptors alone the kernel holds the caller's event as given, so a
+// wait the interposer never sees (a raw system call, a library with its
+// own syscall wrappers) gets it too.
+TEST_P(Semantics, EpollGivesEveryMemberItsCallersOwnData) {
+  int c = pair_.client, s = pair_.server;
+  int one[2], two[2];
+  ASSERT_EQ(::pipe2(one, O_CLOEXEC), 0);
+  ASSERT_EQ(::pipe2(two, O_CLOEXEC), 0);
+  const std::uint64_t lookalike = (std::uint64_t{0x766d6d63} << 32) | static_cast<unsigned>(c);
+  int ep = io().epoll_create1(EPOLL_CLOEXEC);
+  ASSERT_GE(ep, 0);
+  epoll_event event{};
+  event.events = EPOLLIN;
+  event.data.u64 = lookalike;
+  ASSERT_EQ(io().epoll_ctl(ep, EPOLL_CTL_ADD, one[0], &event), 0) << std::strerror(errno);
+  event.data.u64 = 0x1234;
+  ASSERT_EQ(io().epoll_ctl(ep, EPOLL_CTL_ADD, two[0], &event), 0);
+  event.data.u64 = 42;
+  ASSERT_EQ(io().epoll_ctl(ep, EPOLL_CTL_ADD, c, &event), 0);
+  ASSERT_EQ(::write(one[1], "a", 1), 1);
+  ASSERT_EQ(::write(two[1], "b", 1), 1);
+  ASSERT_TRUE(write_string(s, "c"));
+  std::set<std::uint64_t> seen;
+  for (auto deadline = std::chrono::steady_clock::now() + 5s;
+       seen.size() < 3 && std::chrono::steady_clock::now() < deadline;) {
+    epoll_event out[8];
+    const int n = io().epoll_wait(ep, out, 8, 1000);
+    ASSERT_GE(n, 0) << std::strerror(errno);
+    for (int i = 0; i < n; ++i) {
+      EXPECT_EQ(out[i].events, static_cast<std::uint32_t>(EPOLLIN));
+      seen.insert(out[i].data.u64);
+    }
+  }
+  EXPECT_EQ(seen, (std::set<std::uint64_t>{lookalike, 0x1234, 42}));
+
+  int pipes_only = io().epoll_create1(EPOLL_CLOEXEC);
+  ASSERT_GE(pipes_only, 0);
+  event.data.u64 = 0x5678;
+  ASSERT_EQ(io().epoll_ctl(pipes_only, EPOLL_CTL_ADD, two[0], &event), 0);
+  epoll_event raw[2];
+  ASSERT_EQ(::syscall(SYS_epoll_wait, pipes_only, raw, 2, 1000), 1);
+  EXPECT_EQ(raw[0].data.u64, 0x5678u) << "the kernel holds another event than the caller gave";
+  for (int fd : {ep, pipes_only, one[0], one[1], two[0], two[1]}) ::close(fd);
+}
+
+// A member added while another thread already sleeps on a set that had
+// none: what the kernel then reports for it reaches the sleeper as the
+// caller's event (an unconnected socket is ready at once: EPOLLOUT|EPOLLHUP).
+TEST_P(Semantics, EpollMemberAddedDuringAWaitComesBackWithTheCallersData) {
+  int quiet[2];
+  ASSERT_EQ(::pipe2(quiet, O_CLOEXEC), 0);
+  int ep = io().epoll_create1(EPOLL_CLOEXEC);
+  ASSERT_GE(ep, 0);
+  epoll_event event{};
+  event.events = EPOLLIN;
+  event.data.u64 = 7;
+  ASSERT_EQ(io().epoll_ctl(ep, EPOLL_CTL_ADD, quiet[0], &event), 0);
+  std::atomic<int> got{-2};
+  epoll_event out[4]{};
+  std::thread sleeper([&] { got = io().epoll_wait(ep, out, 4, 5000); });
+  std::this_thread::sleep_for(100ms);
+  int fresh = io().socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fresh, 0);
+  event.events = EPOLLOUT;
+  event.data.u64 = 99;
+  ASSERT_EQ(io().epoll_ctl(ep, EPOLL_CTL_ADD, fresh, &event), 0);
+  sleeper.join();
+  ASSERT_EQ(got.load(), 1) << std::strerror(errno);
+  EXPECT_EQ(out[0].data.u64, 99u);
+  EXPECT_TRUE(out[0].events & EPOLLOUT);
+  for (int fd : {ep, quiet[0], quiet[1]}) ::close(fd);
+  io().close(fresh);
 }
 
 TEST_P(Semantics, FcntlTogglesNonBlocking) {
