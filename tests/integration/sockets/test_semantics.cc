@@ -812,7 +812,7 @@ TEST_P(Semantics, OrderlyCloseDeliversEveryByteWrittenBeforeIt) {
     std::string got;
     got.reserve(bytes + 1);
     EXPECT_EQ(read_to_eof(io(), fd, got, bytes + 1), static_cast<ssize_t>(bytes))
-        << std::strerror(errno);
+        << std::strerror(errno) << " after " << got.size() << " bytes";
     EXPECT_EQ(check_pattern(9, 0, reinterpret_cast<const unsigned char*>(got.data()), got.size()),
               got.size());
     EXPECT_EQ(writer.wait(), 0);
