@@ -808,7 +808,9 @@ std::optional<socket_info> describe(int fd) {
   stream_ptr s = find(fd);
   if (!s) return std::nullopt;
   socket_info info{};
-  info.plain = s->state.load() == phase::plain;
+  // Kernel TCP for good with no reason to fall back (the connection ended,
+  // or was shut down, before it earned a channel) is no plain peer.
+  info.plain = s->state.load() == phase::plain && s->fallback_reason.load() != fallback::none;
   info.accelerated = s->state.load() == phase::upgraded && s->out_switched.load() &&
                      s->in_switched.load() && !s->out_reverted.load() && !s->in_reverted.load();
   info.path = info.accelerated && s->chan && s->chan->connected() ? s->chan->path() : "tcp";

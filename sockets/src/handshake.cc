@@ -319,8 +319,11 @@ void ask_locked(stream& s) {
     presence::remove(s.presence_cookie.exchange(0));
     become_plain(s, why);
   };
-  if (s.write_shut.load() || s.shared.load())
-    return stay(s.write_shut.load() ? fallback::none : fallback::reverted);
+  if (s.write_shut.load() || s.shared.load()) {
+    // By our choice: the entry says so until close() takes it out.
+    presence::decline(s.presence_cookie.load());
+    return become_plain(s, s.write_shut.load() ? fallback::none : fallback::reverted);
+  }
   if (s.presence_cookie.load() == 0) return stay(fallback::setup_failed);
   const std::uint32_t calls = s.tcp_calls.load();
   if (calls < s.next_look.load()) return;
@@ -344,6 +347,7 @@ void ask_locked(stream& s) {
       return;
     }
   }
+  exit_takes_protocol_bytes();  // the answer, should the program exit without reading it
   presence::ask(s.presence_cookie.load());
   s.asked.store(true);
   stat_publish(s);
@@ -353,15 +357,16 @@ void ask_locked(stream& s) {
 
 // Leaves the deferred phase if no call is in the kernel (else a later call
 // does): for a channel, or for kernel TCP where a channel can never be used.
-// A client on this host without the server's answer asks for it first.
-void earn_channel(stream& s) {
+// A client on this host without the server's answer asks for it first
+// (if `may_ask`: at the start of a call, see deferred_call).
+void earn_channel(stream& s, bool may_ask) {
   std::unique_lock setup(s.setup_mutex, std::try_to_lock);
   if (!setup || s.state.load() != phase::deferred || !s.is_client.load()) return;
   if (s.peer_descriptor.empty()) {
     // Asked, the server's answer may come at any byte: a read already in
     // the kernel (another thread's) would take it for data. So only with
     // none there, as for the channel below.
-    if (s.asked.load()) return;
+    if (s.asked.load() || !may_ask) return;
     s.upgrade_claimed.store(true);
     if (s.in_kernel.load() == 0) ask_locked(s);
     s.upgrade_claimed.store(false);
@@ -403,6 +408,9 @@ void look_for_ask(stream& s) {
   }
   const presence::entry e = presence::entry_of(*s.client_socket);
   if (e == presence::entry::absent) return become_plain(s, fallback::peer_plain);
+  // A vmmc client that keeps the connection on TCP (it shut its writes down
+  // before asking): kernel TCP for good, but not a plain peer.
+  if (e == presence::entry::declined) return become_plain(s, fallback::none);
   // A client whose listener is gone when it asks finds us by this socket.
   if (first) s.presence_cookie.store(presence::enter(s.fd));
   if (e != presence::entry::asking) return;
@@ -475,7 +483,7 @@ answer take_answer(stream& s) {
   s.asked.store(false);
   log(3, "fd %d: server accepted VMMC", s.fd.load());
   setup.unlock();
-  earn_channel(s);  // now, unless a call is in the kernel (then at its end)
+  earn_channel(s, /*may_ask=*/false);  // now, unless a call is in the kernel (then at its end)
   if (s.state.load() == phase::upgraded) advance_upgrade(s);
   return answer::taken;
 }
@@ -504,6 +512,19 @@ bool deferred_call(stream& s, core::function_ref<ssize_t()> call,
     look_for_ask(s);
     if (s.state.load() != phase::deferred) return false;
   }
+  // A client asks at the start of a call, not at the end of the one that
+  // earned it. The server's answer comes in-band: a writer whose last call
+  // earned the channel and that then exits would leave it unread, and its
+  // kernel would reset the connection, dropping what its send queue still
+  // held (64 MiB written in one call, then exit: up to 4 MB lost). A call
+  // shows the process goes on (and an exit() takes the answer, see
+  // exit_takes_protocol_bytes).
+  if (!server && !s.asked.load(std::memory_order_relaxed) && earned(s)) {
+    earn_channel(s, /*may_ask=*/true);
+    // Asked: the caller's call goes again, watching for the answer (a read
+    // straight into the kernel would take it for data).
+    if (s.state.load() != phase::deferred || s.asked.load()) return false;
+  }
   // A write (it counts into tcp_out) of a client that asked: the answer
   // first, if it is at the head (a client that only writes upgrades too).
   if (counter == &s.tcp_out && s.asked.load()) {
@@ -529,7 +550,7 @@ bool deferred_call(stream& s, core::function_ref<ssize_t()> call,
   }
   s.in_kernel.fetch_sub(1);
   if (result > 0 && counter && !server && earned(s)) {
-    earn_channel(s);
+    earn_channel(s, /*may_ask=*/false);  // the server's answer taken: our channel
     if (s.state.load() == phase::upgraded) advance_upgrade(s);  // our hello, if no writer is busy
   }
   errno = error;

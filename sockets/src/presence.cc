@@ -179,7 +179,17 @@ entry entry_in(uid_t uid, std::uint64_t cookie) {
   entry found = entry::absent;
   for (std::uint32_t i = 0; i < slots_per_bucket && found == entry::absent; ++i)
     if (b[i].cookie.load(std::memory_order_acquire) == cookie)
-      found = b[i].asking.load(std::memory_order_acquire) ? entry::asking : entry::entered;
+      switch (b[i].asking.load(std::memory_order_acquire)) {
+        case 0:
+          found = entry::entered;
+          break;
+        case 1:
+          found = entry::asking;
+          break;
+        default:
+          found = entry::declined;
+          break;
+      }
   if (unmap) ::munmap(const_cast<table*>(t), sizeof(table));
   return found;
 }
@@ -375,12 +385,22 @@ std::uint64_t enter(int fd) {
   return 0;
 }
 
-void ask(std::uint64_t cookie) {
+namespace {
+void mark(std::uint64_t cookie, std::uint32_t value) {
   table* t = own.load(std::memory_order_acquire);
   if (!t || cookie == 0) return;
   slot* b = bucket_of(*t, cookie);
   for (std::uint32_t i = 0; i < slots_per_bucket; ++i)
-    if (b[i].cookie.load() == cookie) b[i].asking.store(1, std::memory_order_release);
+    if (b[i].cookie.load() == cookie) b[i].asking.store(value, std::memory_order_release);
+}
+}  // namespace
+
+void ask(std::uint64_t cookie) {
+  mark(cookie, 1);
+}
+
+void decline(std::uint64_t cookie) {
+  mark(cookie, 2);
 }
 
 void remove(std::uint64_t cookie) {

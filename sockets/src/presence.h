@@ -34,6 +34,10 @@ namespace vmmc::sockets::detail::presence {
 // Our entry `cookie` asks the other end for the upgrade (a client on this
 // host whose connection earned a channel): no byte on the connection.
 [[gnu::visibility("default")]] void ask(std::uint64_t cookie);
+// Our entry `cookie` says the connection stays kernel TCP by our choice (we
+// shut our writes down before it earned a channel, or share it since
+// fork()): the server is not to take us for a plain program.
+void decline(std::uint64_t cookie);
 // Takes the cookie's entry out (0: nothing).
 void remove(std::uint64_t cookie);
 // The listening socket a connection to `address` (on this host) would
@@ -52,9 +56,9 @@ struct socket_id {
 // connection's two addresses as this end sees them (a sock_diag lookup).
 std::optional<socket_id> peer_socket(const sockaddr* local, socklen_t local_length,
                                      const sockaddr* peer, socklen_t peer_length);
-// Whether that socket is entered in its owner's table, and asks (memory
-// only: a lookup per connection, then a load per look).
-enum class entry { absent, entered, asking };
+// Whether that socket is entered in its owner's table, and asks or
+// declined (memory only: a lookup per connection, then a load per look).
+enum class entry { absent, entered, asking, declined };
 entry entry_of(const socket_id& socket);
 // The program is about to close the descriptors first..last or put other
 // files in their place: our lookup socket among them is forgotten (a later

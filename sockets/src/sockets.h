@@ -361,6 +361,8 @@ void reopen_records(stream& s);
 void nagle_off_for_doorbells(stream& s);
 void sleep_on_doorbell(stream& s, const std::function<bool()>& arm, int timeout_ms);
 void discard_protocol_bytes(stream& s);  // before close: FIN, not reset
+// Registers, once, an exit handler that discards them from every stream.
+void exit_takes_protocol_bytes();
 
 // --- revert.cc: connections going back to kernel TCP (fork, exec).
 // Parses doorbells and revert records after the switch (never past an end

@@ -211,8 +211,14 @@ void close_everything() {
   for (auto& s : all) {
     if (!s) continue;
     // Our sockets' presence entries go with us (a socket shared since
-    // fork() may live on in another process: its entry stays).
-    if (!s->shared.load()) presence::remove(s->presence_cookie.exchange(0));
+    // fork() may live on in another process: its entry stays). Bytes of our
+    // protocol left unread (a server's answer to a writer that never reads)
+    // would make the kernel reset the connection when the process is gone,
+    // dropping what our last writes left in its send queue.
+    if (!s->shared.load()) {
+      presence::remove(s->presence_cookie.exchange(0));
+      discard_protocol_bytes(*s);
+    }
     if (s->inherited.load()) abandon(s->chan);  // another process's channel
   }
   all.clear();
@@ -222,6 +228,26 @@ void close_everything() {
   context_ended.store(true);
 }
 }  // namespace
+
+namespace {
+// A client on this host asks before it has a context (it makes one with
+// the server's answer), so close_everything may not be registered yet when
+// the answer sits unread at exit; this takes it then, and withdraws an ask
+// not answered yet (a server that has not looked yet then sends nothing).
+void discard_at_exit() {
+  if (exiting.load() || busy_calls.load() > 0) return;
+  for (auto& s : all_streams()) {
+    if (s->shared.load()) continue;
+    presence::remove(s->presence_cookie.exchange(0));
+    discard_protocol_bytes(*s);
+  }
+}
+}  // namespace
+
+void exit_takes_protocol_bytes() {
+  static std::once_flag once;
+  std::call_once(once, [] { std::atexit(discard_at_exit); });
+}
 
 std::atomic<bool> context_ended{false};
 thread_local bool inside_api = false;

@@ -788,18 +788,25 @@ TEST_P(Semantics, HalfCloseLetsThePeerReadEverythingAndReply) {
 }
 
 // Connects to arg 0, writes arg 1 bytes of pattern 9, then "close" closes and
-// exits at once (_exit: no library destructors), "exit" exits without close.
+// exits at once (_exit: no library destructors), "exit" exits without close
+// (_exit), "exit()" through libc's exit (atexit handlers run). "chunks, ..."
+// writes 256 KiB a call.
 const peer_role close_writer("close_writer", [](peer_context& p) {
   int fd = p.connect_to_parent();
   if (fd < 0) return 1;
   auto data = pattern(9, static_cast<std::size_t>(p.arg_int(1)));
-  if (!write_all(p.io(), fd, data.data(), data.size(), 0, 30s)) return 2;
-  if (p.arg(2) == "close" && p.io().close(fd) != 0) return 3;
+  const std::string ending = p.arg(2);
+  const std::size_t chunk = ending.starts_with("chunks") ? 256 << 10 : data.size();
+  for (std::size_t at = 0; at < data.size(); at += chunk)
+    if (!write_all(p.io(), fd, data.data() + at, std::min(chunk, data.size() - at), 0, 30s))
+      return 2;
+  if (ending == "close" && p.io().close(fd) != 0) return 3;
+  if (ending.ends_with("exit()")) std::exit(0);
   ::_exit(0);
 });
 
 TEST_P(Semantics, OrderlyCloseDeliversEveryByteWrittenBeforeIt) {
-  for (const char* ending : {"close", "exit"}) {
+  for (const char* ending : {"close", "exit", "exit()", "chunks, exit()", "chunks, exit"}) {
     SCOPED_TRACE(ending);
     constexpr std::size_t bytes = 64 << 20;
     int port = 0;
