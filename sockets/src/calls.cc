@@ -285,6 +285,7 @@ int listen(int fd, int backlog) {
   // An excluded port's connections are never ours: accept() leaves them to
   // the kernel (kept only to be listed by vmmc-stat, as excluded).
   stream_ptr s = r == 0 ? find(fd) : nullptr;
+  if (s) s->listening.store(true);
   if (s && !allowed_local(fd, nullptr)) {
     s->fallback_reason.store(fallback::excluded);
     s->state.store(phase::plain);

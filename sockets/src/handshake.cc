@@ -138,6 +138,7 @@ void fail_connection(stream& s, const char* why) {
   (void)::shutdown(s.fd, SHUT_RDWR);
   s.fallback_reason.store(fallback::protocol_error);
   s.state.store(phase::upgraded);  // without a channel: kept out of the kernel fast path
+  epoll_members_from_now(s);
   stat_publish(s);
   log(1, "fd %d: connection failed (%s)", s.fd.load(), why);
 }
@@ -234,6 +235,7 @@ void answer_ask(stream& s) {
   }
   s.chan = std::make_unique<redirect::channel>(std::move(*chan));
   s.state.store(phase::upgraded);
+  epoll_members_from_now(s);
   log(3, "fd %d: client asked for VMMC; hello sent", s.fd.load());
 }
 
@@ -269,6 +271,7 @@ void make_channel(stream& s) {
   s.chan = std::make_unique<redirect::channel>(std::move(*chan));
   s.hello_pending.store(true);
   s.state.store(phase::upgraded);  // publishes the channel
+  epoll_members_from_now(s);
   stat_publish(s);
 }
 

@@ -12,6 +12,7 @@
 #include <optional>
 #include <shared_mutex>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "sockets.h"
@@ -315,11 +316,13 @@ int pselect(int nfds, fd_set* readable, fd_set* writable, fd_set* exceptional,
 
 // ------------------------------------------------------------------ epoll
 //
-// A descriptor whose readiness can never be ours (not a stream of ours, or
-// one on kernel TCP for good) is registered in the kernel with the caller's
-// own event and is not kept here: the kernel's answer for it is the
-// caller's, and a set of such members costs a wait nothing. A stream that
-// may be ours (a member) is registered with member_tag and its number as
+// A descriptor whose readiness can never be ours (not a stream of ours, a
+// listener, or one on kernel TCP for good) is registered in the kernel with
+// the caller's own event and is not kept here: the kernel's answer for it is
+// the caller's, and a set of such descriptors costs a wait nothing. So is a
+// deferred stream (kernel TCP until it earns a channel), which the stream
+// remembers until it upgrades (registration_for). A stream that may be
+// ours (a member) is registered with member_tag and its number as
 // data, and the caller's event (events + data) is kept here; its events are
 // translated back on the way out. Members are registered for EPOLLIN
 // (doorbells) and lose EPOLLOUT in the kernel once their writes go through
@@ -354,7 +357,10 @@ bool tagged(std::uint64_t data) {
   return tag == member_tag || tag == wake_tag;
 }
 
-struct epoll_set {
+}  // namespace
+
+// Outside the anonymous namespace: streams that a set holds refer to it.
+struct detail::epoll_set {
   explicit epoll_set(int fd) : epfd(fd) {}
   const int epfd;
   std::mutex mutex;
@@ -367,9 +373,48 @@ struct epoll_set {
   std::uint64_t round = 0;        // kernel answers translated so far
 };
 
-// Whether the set must translate the kernel's answers for this descriptor.
-bool is_member(const stream* s, const epoll_event& e) {
-  return (s && (s->state.load() != phase::plain || stash_size(*s) > 0)) || tagged(e.data.u64);
+namespace {
+// How a set registers a descriptor. A listener, a descriptor that is no
+// stream of ours and a stream on kernel TCP for good: with the caller's
+// event, for good. A deferred stream (on kernel TCP until it earns a
+// channel, which most short connections never do): with the caller's event
+// too, held in the stream, until it upgrades (epoll_members_from_now);
+// with EPOLLONESHOT a member at once (registering it again would re-arm
+// it). Any other stream, or caller data that looks like a tag: a member.
+enum class registration { kernel, held, member };
+registration registration_for(const stream* s, const epoll_event& e) {
+  if (tagged(e.data.u64)) return registration::member;
+  if (!s || s->listening.load()) return registration::kernel;
+  if (stash_size(*s) > 0) return registration::member;
+  switch (s->state.load()) {
+    case phase::plain:
+      return registration::kernel;
+    case phase::deferred:
+      return (e.events & EPOLLONESHOT) ? registration::member : registration::held;
+    default:
+      return registration::member;
+  }
+}
+
+// Under the stream's epoll_mutex: the set holds it by `fd` with `user`.
+void hold(stream& s, const std::shared_ptr<epoll_set>& set, int fd, const epoll_event& user) {
+  auto same = [&](const stream::held_in_set& h) {
+    return h.fd == fd && !h.set.owner_before(set) && !set.owner_before(h.set);
+  };
+  stream::held_in_set* slot = nullptr;
+  if (s.held_first.fd < 0 || same(s.held_first) || s.held_first.set.expired()) {
+    slot = &s.held_first;
+  } else {
+    for (auto& h : s.held_more) {
+      if (same(h)) {
+        slot = &h;
+        break;
+      }
+      if (!slot && h.set.expired()) slot = &h;
+    }
+    if (!slot) slot = &s.held_more.emplace_back();
+  }
+  *slot = {set, fd, user};
 }
 
 struct epoll_registry {
@@ -643,6 +688,38 @@ bool arm_streams(epoll_set& set) {
 }
 }  // namespace
 
+void detail::epoll_members_from_now(stream& s) {
+  stream::held_in_set first;
+  std::vector<stream::held_in_set> more;
+  {
+    std::lock_guard lock(s.epoll_mutex);
+    first = std::exchange(s.held_first, {});
+    more.swap(s.held_more);
+  }
+  more.push_back(std::move(first));
+  for (auto& h : more) {
+    auto set = h.set.lock();
+    if (!set || h.fd < 0) continue;
+    // The descriptor may have been closed, or name another file now.
+    stream_ptr same = find(h.fd);
+    if (same.get() != &s) continue;
+    std::lock_guard lock(set->mutex);
+    if (set->members.count(h.fd)) continue;
+    epoll_event k{kernel_events_for(&s, h.user.events), {}};
+    k.data.u64 = member_tag | static_cast<std::uint32_t>(h.fd);
+    set->member_count.store(set->members.size() + 1, std::memory_order_release);
+    // Fails if the program took it out of the set (EPOLL_CTL_DEL) meanwhile.
+    if (::epoll_ctl(set->epfd, EPOLL_CTL_MOD, h.fd, &k) == 0) {
+      interest& in = set->members[h.fd];
+      in.stream = std::move(same);
+      in.user = h.user;
+      in.kernel_events = k.events;
+      if (set->kernel_only_members > 0) --set->kernel_only_members;
+    }
+    set->member_count.store(set->members.size(), std::memory_order_release);
+  }
+}
+
 void detail::forget_epoll_set(int fd) {
   auto& r = registry();
   {
@@ -689,12 +766,22 @@ int epoll_ctl(int epfd, int op, int fd, epoll_event* event) {
     errno = EFAULT;
     return -1;
   }
-  if (!is_member(s.get(), *event)) {
+  registration how = registration_for(s.get(), *event);
+  std::unique_lock<std::mutex> holding;
+  if (how == registration::held) {
+    // Asked again under the stream's lock: an upgrade that comes after this
+    // finds the set among those holding the stream.
+    holding = std::unique_lock(s->epoll_mutex);
+    how = registration_for(s.get(), *event);
+  }
+  if (how != registration::member) {
     int r = ::epoll_ctl(epfd, op, fd, event);
     if (r == 0 && (op == EPOLL_CTL_ADD || was_member)) ++set->kernel_only_members;
     if (r == 0) drop_member();
+    if (r == 0 && how == registration::held) hold(*s, set, fd, *event);
     return r;
   }
+  if (holding) holding.unlock();
   epoll_event k{kernel_events_for(s.get(), event->events), {}};
   k.data.u64 = member_tag | static_cast<std::uint32_t>(fd);
   // Counted before the kernel may report it: a wait that finds no member

@@ -8,6 +8,7 @@
 // from TCP to the redirect channel at its own byte offset, see wire.h).
 #pragma once
 
+#include <sys/epoll.h>
 #include <sys/socket.h>
 
 #include <atomic>
@@ -64,6 +65,8 @@ enum class phase : std::uint8_t {
   deferred,
   upgraded,  // the peer speaks vmmc: channel set up (directions switch separately)
 };
+
+struct epoll_set;  // readiness.cc
 
 struct stream {
   explicit stream(int descriptor) : fd(descriptor) {}
@@ -178,6 +181,20 @@ struct stream {
   // The application sleeps on this stream in our poll, select or epoll
   // (watching the channel's wait descriptor): an EAGAIN arms for it too.
   std::atomic<bool> sleeps_in_our_waits{false};
+  // A listening socket: its readiness is the kernel's alone, for good.
+  std::atomic<bool> listening{false};
+  // Epoll sets holding this stream with the caller's own event while it is
+  // deferred (its readiness the kernel's until it upgrades): each set, the
+  // descriptor it holds it by and the caller's event (readiness.cc,
+  // epoll_members_from_now). Most streams are in one set: no allocation.
+  struct held_in_set {
+    std::weak_ptr<epoll_set> set;
+    int fd = -1;
+    epoll_event user{};
+  };
+  std::mutex epoll_mutex;
+  held_in_set held_first;
+  std::vector<held_in_set> held_more;
 
   // --- Going back to TCP (revert.cc; wire.h's revert records).
   // Channel bytes we wrote, and those we consumed (read or stashed).
@@ -243,6 +260,10 @@ struct api_call {
   api_call& operator=(const api_call&) = delete;
   bool outer;
 };
+
+// --- readiness.cc: the stream leaves the deferred phase with a channel:
+// the epoll sets that held it with the caller's event translate it now.
+void epoll_members_from_now(stream& s);
 
 // --- table.cc: descriptors we manage, and the process's VMMC context.
 // Set once the context is gone at exit: channels destroyed later are let go.

@@ -7,6 +7,7 @@
 // mid-upgrade holds up no call of the other end.
 #include <netinet/tcp.h>
 #include <signal.h>
+#include <sys/epoll.h>
 
 #include <cstddef>
 #include <cstdio>
@@ -387,6 +388,48 @@ TEST(UpgradeOnUse, AClientConnectingToTheUnspecifiedAddressMovesToTheChannel) {
   a.close(client);
   a.close(server);
   a.close(listener);
+}
+
+// A connection in an epoll set from its first byte: while it is on kernel
+// TCP the set holds it with the caller's own event (a wait over such
+// connections is the kernel's alone), and from its upgrade on translates
+// it, so what then comes through its channel is reported as before.
+TEST(UpgradeOnUse, AStreamInAnEpollSetBeforeItsUpgradeIsReportedFromItsChannelAfter) {
+  connection c(vmmc_api, vmmc_api);
+  ASSERT_GE(c.server, 0) << std::strerror(errno);
+  const api& a = vmmc_api;
+  int ep = a.epoll_create1(EPOLL_CLOEXEC);
+  ASSERT_GE(ep, 0);
+  epoll_event event{};
+  event.events = EPOLLIN;
+  event.data.u64 = 77;
+  ASSERT_EQ(a.epoll_ctl(ep, EPOLL_CTL_ADD, c.server, &event), 0) << std::strerror(errno);
+  char buffer[4];
+  auto round_trip = [&](int round) {
+    ASSERT_EQ(a.write(c.client, "ping", 4), 4);
+    epoll_event out[2];
+    ASSERT_EQ(a.epoll_wait(ep, out, 2, 5000), 1) << "round " << round;
+    EXPECT_EQ(out[0].data.u64, 77u);
+    EXPECT_EQ(out[0].events, static_cast<std::uint32_t>(EPOLLIN));
+    ASSERT_EQ(read_full(a, c.server, buffer, 4), 4);
+    ASSERT_EQ(a.write(c.server, "pong", 4), 4);
+    ASSERT_EQ(read_full(a, c.client, buffer, 4), 4);
+  };
+  std::string accelerated = "not yet";
+  for (int round = 0; round < 200 && !accelerated.empty(); ++round) {
+    round_trip(round);
+    if (HasFatalFailure()) return;
+    accelerated = check_accelerated(a, c.server) + check_accelerated(a, c.client);
+  }
+  ASSERT_EQ(accelerated, "");
+  for (int round = 0; round < 20; ++round) {
+    round_trip(round);
+    if (HasFatalFailure()) return;
+  }
+  auto info = vmmc::sockets::describe(c.server);
+  ASSERT_TRUE(info.has_value());
+  EXPECT_GE(info->bytes_in, 20u * 4) << describe_text(info);
+  a.close(ep);
 }
 
 }  // namespace
