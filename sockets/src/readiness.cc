@@ -428,7 +428,19 @@ epoll_registry& registry() {
   return r;
 }
 
+// Descriptors below this have a flag that says, without a lock, whether
+// they may be a set of ours: close() of every other descriptor, and calls
+// on it, pay one relaxed load (as the descriptor table, table.cc).
+constexpr std::size_t flagged_sets = 1 << 16;
+std::atomic<bool> maybe_set[flagged_sets];
+
+bool may_be_set(int fd) {
+  return fd >= 0 && (static_cast<std::size_t>(fd) >= flagged_sets ||
+                     maybe_set[fd].load(std::memory_order_relaxed));
+}
+
 std::shared_ptr<epoll_set> find_set(int epfd) {
+  if (!may_be_set(epfd)) return nullptr;
   auto& r = registry();
   std::shared_lock lock(r.mutex);
   auto it = r.sets.find(epfd);
@@ -440,6 +452,7 @@ int track_set(int epfd) {
   auto& r = registry();
   std::unique_lock lock(r.mutex);
   r.sets[epfd] = std::make_shared<epoll_set>(epfd);
+  if (static_cast<std::size_t>(epfd) < flagged_sets) maybe_set[epfd].store(true);
   return epfd;
 }
 
@@ -721,13 +734,11 @@ void detail::epoll_members_from_now(stream& s) {
 }
 
 void detail::forget_epoll_set(int fd) {
+  if (!may_be_set(fd)) return;
   auto& r = registry();
-  {
-    std::shared_lock lock(r.mutex);
-    if (r.sets.empty()) return;
-  }
   std::unique_lock lock(r.mutex);
   r.sets.erase(fd);
+  if (static_cast<std::size_t>(fd) < flagged_sets) maybe_set[fd].store(false);
 }
 
 int epoll_create(int size) {
