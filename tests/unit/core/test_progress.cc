@@ -261,13 +261,16 @@ TEST(Progress, WithCostlyYieldsAWaitWhosePeerRunsBesideItSpinsWithoutYielding) {
   with_costly_yields([] {
     core::set_peers_share_cpus(false);
     // A spin of its budget turns thousands of times when it does not yield;
-    // each yield here takes a time slice. The spin may be preempted (the
-    // thread that computes shares the CPU), so the best of a few counts.
+    // each yield here would take a time slice, longer than the whole budget,
+    // so a spin that yields turns once or twice. The spin may be preempted
+    // (the thread that computes shares the CPU), and the budget adapts, so
+    // the best of a few counts, and more than 10 tells the two apart (71
+    // seen under ASan on a busy machine, where 100 was asked and failed).
     int most_turns = 0;
     for (int attempt = 0; attempt < 5 && core::yields_are_costly(); ++attempt) {
       most_turns = std::max(most_turns, spin_until_sleeps(1).turns);
     }
-    EXPECT_GT(most_turns, 100);
+    EXPECT_GT(most_turns, 10);
   });
 }
 
