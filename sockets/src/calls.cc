@@ -398,7 +398,10 @@ int connect(int fd, const sockaddr* address, socklen_t length) {
   int saved = errno;
   s->is_client = true;
   if (s->state.load() == phase::plain) {
-    if (r == 0 || saved == EINPROGRESS) stat_publish(*s, true, address, length);
+    // Once: a second connect() (a non-blocking connect's check, as ab and
+    // APR make) changes nothing vmmc-stat shows.
+    if ((r == 0 || saved == EINPROGRESS) && !s->connect_listed.exchange(true))
+      stat_publish(*s, true, address, length);
     errno = saved;
     return r;
   }

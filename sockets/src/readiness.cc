@@ -368,7 +368,7 @@ struct detail::epoll_set {
   std::atomic<std::size_t> member_count{0};  // members.size(), read without the lock
   // Descriptors registered with the caller's own event: added less removed
   // (one the program closed without EPOLL_CTL_DEL stays counted).
-  std::size_t kernel_only_members = 0;
+  std::atomic<std::size_t> kernel_only_members{0};
   int rounds_without_kernel = 0;  // collect(): streams reported without asking the kernel
   std::uint64_t round = 0;        // kernel answers translated so far
 };
@@ -393,6 +393,12 @@ registration registration_for(const stream* s, const epoll_event& e) {
       return (e.events & EPOLLONESHOT) ? registration::member : registration::held;
     default:
       return registration::member;
+  }
+}
+
+void uncount_kernel_only(epoll_set& set) {
+  std::size_t n = set.kernel_only_members.load(std::memory_order_relaxed);
+  while (n > 0 && !set.kernel_only_members.compare_exchange_weak(n, n - 1)) {
   }
 }
 
@@ -654,7 +660,7 @@ bool any_channel_member(epoll_set& set) {
 // A member only the kernel makes ready (no channel of ours).
 bool any_kernel_member(epoll_set& set) {
   std::lock_guard lock(set.mutex);
-  if (set.kernel_only_members > 0) return true;
+  if (set.kernel_only_members.load(std::memory_order_relaxed) > 0) return true;
   for (auto& [fd, in] : set.members) {
     stream* s = member_stream(set, in);
     if (!in.disabled && (!s || s->state.load(std::memory_order_relaxed) != phase::upgraded))
@@ -727,7 +733,7 @@ void detail::epoll_members_from_now(stream& s) {
       in.stream = std::move(same);
       in.user = h.user;
       in.kernel_events = k.events;
-      if (set->kernel_only_members > 0) --set->kernel_only_members;
+      uncount_kernel_only(*set);
     }
     set->member_count.store(set->members.size(), std::memory_order_release);
   }
@@ -755,6 +761,16 @@ int epoll_ctl(int epfd, int op, int fd, epoll_event* event) {
   auto set = find_set(epfd);
   if (!set) return ::epoll_ctl(epfd, op, fd, event);
   stream_ptr s = op == EPOLL_CTL_DEL ? nullptr : find(fd);
+  // A set without members, and a descriptor registered with the caller's
+  // event for good (or taken out): the kernel's call, no bookkeeping.
+  if (set->member_count.load(std::memory_order_acquire) == 0 &&
+      (op == EPOLL_CTL_DEL ||
+       (event && registration_for(s.get(), *event) == registration::kernel))) {
+    int r = ::epoll_ctl(epfd, op, fd, event);
+    if (r == 0 && op == EPOLL_CTL_ADD) set->kernel_only_members.fetch_add(1);
+    if (r == 0 && op == EPOLL_CTL_DEL) uncount_kernel_only(*set);
+    return r;
+  }
   std::lock_guard lock(set->mutex);
   auto known = set->members.find(fd);
   const bool was_member = known != set->members.end();
@@ -769,8 +785,8 @@ int epoll_ctl(int epfd, int op, int fd, epoll_event* event) {
     int r = ::epoll_ctl(epfd, op, fd, event);
     if (r == 0 && was_member)
       drop_member();
-    else if (r == 0 && set->kernel_only_members > 0)
-      --set->kernel_only_members;
+    else if (r == 0)
+      uncount_kernel_only(*set);
     return r;
   }
   if (!event) {
@@ -787,7 +803,7 @@ int epoll_ctl(int epfd, int op, int fd, epoll_event* event) {
   }
   if (how != registration::member) {
     int r = ::epoll_ctl(epfd, op, fd, event);
-    if (r == 0 && (op == EPOLL_CTL_ADD || was_member)) ++set->kernel_only_members;
+    if (r == 0 && (op == EPOLL_CTL_ADD || was_member)) set->kernel_only_members.fetch_add(1);
     if (r == 0) drop_member();
     if (r == 0 && how == registration::held) hold(*s, set, fd, *event);
     return r;
@@ -808,8 +824,8 @@ int epoll_ctl(int epfd, int op, int fd, epoll_event* event) {
         keep_wait_fd = known->second.wait_fd;
       else
         forget_wait_fd(*set, known->second);
-    } else if (op == EPOLL_CTL_MOD && set->kernel_only_members > 0) {
-      --set->kernel_only_members;
+    } else if (op == EPOLL_CTL_MOD) {
+      uncount_kernel_only(*set);
     }
     interest& in = set->members[fd];
     in = interest{};

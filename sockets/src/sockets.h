@@ -101,6 +101,8 @@ struct stream {
   std::string answer_rest;
   // Client: our offer byte went out (the kernel counts it; vmmc-stat does not).
   std::atomic<bool> offer_sent{false};
+  // Client: connect() published the connection's row (vmmc-stat).
+  std::atomic<bool> connect_listed{false};
   std::atomic<phase> state{phase::idle};
   // The connection's two ends, asked of the kernel once it connected (at
   // accept, or when the client offers) and kept for every later decision
