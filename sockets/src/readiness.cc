@@ -707,6 +707,11 @@ bool arm_streams(epoll_set& set) {
 }
 }  // namespace
 
+// Called with the stream's setup_mutex held (answer_ask, make_channel):
+// takes each set's lock after the stream's epoll_mutex is let go. A wait
+// holding a set's lock takes a member's setup_mutex only for one still
+// connecting or undecided (ready_events), never for a deferred one, which
+// is all this ever promotes: no cycle.
 void detail::epoll_members_from_now(stream& s) {
   stream::held_in_set first;
   std::vector<stream::held_in_set> more;
