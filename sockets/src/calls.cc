@@ -417,6 +417,31 @@ int connect(int fd, const sockaddr* address, socklen_t length) {
   return r;
 }
 
+// The last descriptor of a stream of ours goes (close(), or the process
+// exits with it open).
+void detail::end_stream(stream& s) {
+  // Our channel (made here, also on a socket shared since fork(), which
+  // this process decided): its peer reads every byte sent so far, then the
+  // end of the stream.
+  if (s.state.load() == phase::upgraded && s.out_switched.load() && !s.out_reverted.load() &&
+      !s.write_shut.load()) {
+    std::lock_guard lock(s.write_mutex);
+    (void)s.chan->close_write();
+  }
+  // Our answer to a client's ask, whole, before the end of the stream.
+  if (s.state.load() == phase::upgraded && !s.is_client.load()) {
+    std::lock_guard lock(s.write_mutex);
+    (void)flush_answer(s, false);
+  }
+  // (A socket shared since fork() may live on in another process: only the
+  // kernel knows which close is the last, so what the kernel holds is left
+  // be; the presence entry too, harmless once the socket goes.)
+  if (!s.shared.load()) {
+    presence::remove(s.presence_cookie.exchange(0));
+    discard_protocol_bytes(s);
+  }
+}
+
 int close(int fd) {
   detail::api_call entered;
   if (find(fd)) {
@@ -426,26 +451,7 @@ int close(int fd) {
       // neither end it nor tear it down from here.
       abandon(s->chan);
     } else if (s) {
-      // Our channel (made here, also on a socket shared since fork(), which
-      // this process decided): its peer reads every byte sent so far, then
-      // the end of the stream.
-      if (s->state.load() == phase::upgraded && s->out_switched.load() && !s->out_reverted.load() &&
-          !s->write_shut.load()) {
-        std::lock_guard lock(s->write_mutex);
-        (void)s->chan->close_write();
-      }
-      // Our answer to a client's ask, whole, before the end of the stream.
-      if (s->state.load() == phase::upgraded && !s->is_client.load()) {
-        std::lock_guard lock(s->write_mutex);
-        (void)flush_answer(*s, false);
-      }
-      // (A socket shared since fork() may live on in another process: only
-      // the kernel knows which close is the last, so what the kernel holds
-      // is left be; the presence entry too, harmless once the socket goes.)
-      if (!s->shared.load()) {
-        presence::remove(s->presence_cookie.exchange(0));
-        discard_protocol_bytes(*s);
-      }
+      end_stream(*s);
     }
     // The last reference tears the channel down (the peer's later sends fail).
   }

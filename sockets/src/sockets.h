@@ -386,6 +386,9 @@ void sleep_on_doorbell(stream& s, const std::function<bool()>& arm, int timeout_
 void discard_protocol_bytes(stream& s);  // before close: FIN, not reset
 // Registers, once, an exit handler that discards them from every stream.
 void exit_takes_protocol_bytes();
+// The stream's last descriptor goes (close(), or exit with it open): the
+// peer gets every byte sent, then the end; our protocol bytes are taken.
+void end_stream(stream& s);
 
 // --- revert.cc: connections going back to kernel TCP (fork, exec).
 // Parses doorbells and revert records after the switch (never past an end

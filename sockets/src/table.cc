@@ -210,16 +210,15 @@ void close_everything() {
   }
   for (auto& s : all) {
     if (!s) continue;
-    // Our sockets' presence entries go with us (a socket shared since
-    // fork() may live on in another process: its entry stays). Bytes of our
-    // protocol left unread (a server's answer to a writer that never reads)
-    // would make the kernel reset the connection when the process is gone,
-    // dropping what our last writes left in its send queue.
-    if (!s->shared.load()) {
-      presence::remove(s->presence_cookie.exchange(0));
-      discard_protocol_bytes(*s);
-    }
-    if (s->inherited.load()) abandon(s->chan);  // another process's channel
+    // As at close(): the peer reads every byte we sent, then the end (not a
+    // vanished peer: over a fabric it saw ETIMEDOUT); our presence entry
+    // goes; bytes of our protocol left unread (a server's answer to a
+    // writer that never reads) would make the kernel reset the connection
+    // when the process is gone, dropping what its send queue still held.
+    if (s->inherited.load())
+      abandon(s->chan);  // another process's channel
+    else
+      end_stream(*s);
   }
   all.clear();
   st.ctx.reset();
