@@ -420,6 +420,12 @@ int connect(int fd, const sockaddr* address, socklen_t length) {
 // The last descriptor of a stream of ours goes (close(), or the process
 // exits with it open).
 void detail::end_stream(stream& s) {
+  if (s.inherited.load()) {
+    // The channel belongs to the parent, which may still use this socket:
+    // neither end it nor tear it down from here.
+    abandon(s.chan);
+    return;
+  }
   // Our channel (made here, also on a socket shared since fork(), which
   // this process decided): its peer reads every byte sent so far, then the
   // end of the stream.
@@ -446,13 +452,7 @@ int close(int fd) {
   detail::api_call entered;
   if (find(fd)) {
     stream_ptr s = release_slot(fd);  // null while a dup of it stays open
-    if (s && s->inherited.load()) {
-      // The channel belongs to the parent, which may still use this socket:
-      // neither end it nor tear it down from here.
-      abandon(s->chan);
-    } else if (s) {
-      end_stream(*s);
-    }
+    if (s) end_stream(*s);
     // The last reference tears the channel down (the peer's later sends fail).
   }
   forget_epoll_set(fd);

@@ -208,18 +208,13 @@ void close_everything() {
     all.swap(t.slots);
     for (auto& k : known) k.store(false, std::memory_order_relaxed);
   }
-  for (auto& s : all) {
-    if (!s) continue;
-    // As at close(): the peer reads every byte we sent, then the end (not a
-    // vanished peer: over a fabric it saw ETIMEDOUT); our presence entry
-    // goes; bytes of our protocol left unread (a server's answer to a
-    // writer that never reads) would make the kernel reset the connection
-    // when the process is gone, dropping what its send queue still held.
-    if (s->inherited.load())
-      abandon(s->chan);  // another process's channel
-    else
-      end_stream(*s);
-  }
+  // As at close(): the peer reads every byte we sent, then the end (not a
+  // vanished peer: over a fabric it saw ETIMEDOUT); our presence entry
+  // goes; bytes of our protocol left unread (a server's answer to a writer
+  // that never reads) would make the kernel reset the connection when the
+  // process is gone, dropping what its send queue still held.
+  for (auto& s : all)
+    if (s) end_stream(*s);
   all.clear();
   st.ctx.reset();
   // Streams still held elsewhere (an epoll set the program closes in its own
@@ -231,15 +226,12 @@ void close_everything() {
 namespace {
 // A client on this host asks before it has a context (it makes one with
 // the server's answer), so close_everything may not be registered yet when
-// the answer sits unread at exit; this takes it then, and withdraws an ask
-// not answered yet (a server that has not looked yet then sends nothing).
+// the answer sits unread at exit; this ends its streams as it would (taking
+// the answer, withdrawing an ask not answered yet: a server that has not
+// looked yet then sends nothing). With a context, close_everything does.
 void discard_at_exit() {
-  if (exiting.load() || busy_calls.load() > 0) return;
-  for (auto& s : all_streams()) {
-    if (s->shared.load()) continue;
-    presence::remove(s->presence_cookie.exchange(0));
-    discard_protocol_bytes(*s);
-  }
+  if (exiting.load() || busy_calls.load() > 0 || context_started()) return;
+  for (auto& s : all_streams()) end_stream(*s);
 }
 }  // namespace
 
