@@ -548,7 +548,7 @@ TEST_P(Semantics, EpollGivesEveryMemberItsCallersOwnData) {
   epoll_event raw[2];
   ASSERT_EQ(::syscall(SYS_epoll_wait, pipes_only, raw, 2, 1000), 1);
   EXPECT_EQ(raw[0].data.u64, 0x5678u) << "the kernel holds another event than the caller gave";
-  for (int fd : {ep, pipes_only, one[0], one[1], two[0], two[1]}) ::close(fd);
+  for (int fd : {ep, pipes_only, one[0], one[1], two[0], two[1]}) io().close(fd);
 }
 
 // A member added while another thread already sleeps on a set that had
@@ -576,7 +576,7 @@ TEST_P(Semantics, EpollMemberAddedDuringAWaitComesBackWithTheCallersData) {
   ASSERT_EQ(got.load(), 1) << std::strerror(errno);
   EXPECT_EQ(out[0].data.u64, 99u);
   EXPECT_TRUE(out[0].events & EPOLLOUT);
-  for (int fd : {ep, quiet[0], quiet[1]}) ::close(fd);
+  for (int fd : {ep, quiet[0], quiet[1]}) io().close(fd);
   io().close(fresh);
 }
 
