@@ -21,6 +21,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -46,8 +47,10 @@ int free_loopback_port() {
 }
 
 // Runs argv with the interposer preloaded; `stdin_fd` (if >= 0) is its
-// input, `descriptors` (if > 0) its descriptor limit.
-pid_t spawn_preloaded(std::vector<std::string> argv, int stdin_fd = -1, rlim_t descriptors = 0) {
+// input, `stdout_fd` (if >= 0) its output, `descriptors` (if > 0) its
+// descriptor limit.
+pid_t spawn_preloaded(std::vector<std::string> argv, int stdin_fd = -1, rlim_t descriptors = 0,
+                      int stdout_fd = -1) {
   pid_t pid = ::fork();
   if (pid == 0) {
     if (descriptors) {
@@ -55,8 +58,7 @@ pid_t spawn_preloaded(std::vector<std::string> argv, int stdin_fd = -1, rlim_t d
       ::setrlimit(RLIMIT_NOFILE, &limit);
     }
     if (stdin_fd >= 0) ::dup2(stdin_fd, 0);
-    int null = ::open("/dev/null", O_WRONLY);
-    ::dup2(null, 1);
+    ::dup2(stdout_fd >= 0 ? stdout_fd : ::open("/dev/null", O_WRONLY), 1);
     ::setenv("LD_PRELOAD", VMMC_PRELOAD, 1);
     std::vector<char*> args;
     for (auto& a : argv) args.push_back(a.data());
@@ -65,6 +67,38 @@ pid_t spawn_preloaded(std::vector<std::string> argv, int stdin_fd = -1, rlim_t d
     ::_exit(127);
   }
   return pid;
+}
+
+// Waits (up to 20 s) until something accepts on the loopback port: a fixed
+// pause was too short for a sanitizer-built redis to start.
+bool wait_until_listening(int port) {
+  for (int tries = 0; tries < 2000; ++tries) {
+    int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<std::uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const bool up = ::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    ::close(s);
+    if (up) return true;
+    ::usleep(10 * 1000);
+  }
+  return false;
+}
+
+// Reads `fd` until it has seen `lines` newlines or `ms` passed; returns what
+// it read.
+std::string read_lines(int fd, int lines, int ms) {
+  std::string got;
+  char buffer[256];
+  while (std::count(got.begin(), got.end(), '\n') < lines) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, ms) != 1) break;
+    ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n <= 0) break;
+    got.append(buffer, static_cast<std::size_t>(n));
+  }
+  return got;
 }
 
 // Any user may enter its own sockets in its presence table (it is vmmc's
@@ -120,18 +154,21 @@ TEST(PreloadedServer, AnotherUserCannotReadOrCrashAPreloadedRedis) {
   const std::string secret = "s3cr3t-" + std::to_string(::getpid());
   pid_t server = spawn_preloaded({REDIS_SERVER, "--port", std::to_string(port), "--bind",
                                   "127.0.0.1", "--save", "", "--appendonly", "no"});
-  ::usleep(300 * 1000);
+  ASSERT_TRUE(wait_until_listening(port)) << "redis-server did not start";
   // The victim: a preloaded redis-cli that stores the secret and stays
   // connected (its input stays open), several times over.
-  int input[2];
+  int input[2], output[2];
   ASSERT_EQ(::pipe2(input, O_CLOEXEC), 0);
-  pid_t victim = spawn_preloaded({REDIS_CLI, "-p", std::to_string(port)}, input[0]);
+  ASSERT_EQ(::pipe2(output, O_CLOEXEC), 0);
+  pid_t victim = spawn_preloaded({REDIS_CLI, "-p", std::to_string(port)}, input[0], 0, output[1]);
+  ::close(output[1]);
   for (int i = 0; i < 4; ++i) {
     const std::string command = "SET secret" + std::to_string(i) + " " + secret + "\n";
     ASSERT_EQ(::write(input[1], command.data(), command.size()),
               static_cast<ssize_t>(command.size()));
   }
-  ::usleep(300 * 1000);
+  // Every secret is stored before the attack starts.
+  ASSERT_EQ(read_lines(output[0], 4, 20000), "OK\nOK\nOK\nOK\n");
 
   other_user_process attacker([port, secret](line_channel& test) {
     std::string found;
@@ -197,6 +234,7 @@ TEST(PreloadedServer, AnotherUserCannotReadOrCrashAPreloadedRedis) {
   EXPECT_EQ(attacker.finish(), "");
 
   ::close(input[1]);
+  ::close(output[0]);
   ::waitpid(victim, nullptr, 0);
   ::waitpid(reader, nullptr, 0);
   ::kill(server, SIGTERM);
@@ -252,7 +290,7 @@ TEST(PreloadedServer, AFloodOfOffersCostsBoundedState) {
   pid_t server = spawn_preloaded({REDIS_SERVER, "--port", std::to_string(port), "--bind",
                                   "127.0.0.1", "--save", "", "--appendonly", "no"},
                                  -1, 512);
-  ::usleep(300 * 1000);
+  ASSERT_TRUE(wait_until_listening(port)) << "redis-server did not start";
   const int before = open_descriptors(server);
   other_user_process attacker([port](line_channel& test) {
     std::vector<int> held;
