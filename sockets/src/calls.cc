@@ -412,7 +412,8 @@ int connect(int fd, const sockaddr* address, socklen_t length) {
   } else if (saved == EINPROGRESS || saved == EINTR) {
     s->state.store(phase::connecting);
   }
-  if (r == 0 || saved == EINPROGRESS) stat_publish(*s, true, address, length);
+  if ((r == 0 || saved == EINPROGRESS) && !s->connect_listed.exchange(true))
+    stat_publish(*s, true, address, length);
   errno = saved;
   return r;
 }

@@ -128,8 +128,16 @@ std::int32_t own_pid() {
   return pid;
 }
 
+// geteuid() is a system call: asked at the first socket entered (in a
+// fork() child too) and every 64th after it. Until a change of user is
+// noticed, sockets go to the former user's table, where no server looks for
+// sockets of the new one: those connections stay kernel TCP.
+std::atomic<std::uint32_t> entered_since_uid_check{0};
+
 table* own_table() {
   install_child_handler();
+  if (table* t = own.load(std::memory_order_acquire))
+    if (entered_since_uid_check.fetch_add(1, std::memory_order_relaxed) % 64 != 0) return t;
   const uid_t uid = ::geteuid();
   std::lock_guard lock(own_mutex);
   if (own_state.uid != uid || (!own_state.mapped && !own_state.failed)) {
@@ -247,6 +255,7 @@ void install_child_handler() {
       new (&own_mutex) std::mutex;
       new (&diag_mutex) std::mutex;
       cached_pid.store(0, std::memory_order_relaxed);
+      entered_since_uid_check.store(0, std::memory_order_relaxed);
       if (int inherited = diag_fd.exchange(-1); inherited >= 0) ::close(inherited);
     });
   });

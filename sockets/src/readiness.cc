@@ -10,11 +10,11 @@
 #include <cerrno>
 #include <mutex>
 #include <optional>
-#include <shared_mutex>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "descriptor_map.h"
 #include "sockets.h"
 #include "vmmc/core/progress.h"
 #include "vmmc/sockets/socket.h"
@@ -423,42 +423,23 @@ void hold(stream& s, const std::shared_ptr<epoll_set>& set, int fd, const epoll_
   *slot = {set, fd, user};
 }
 
-struct epoll_registry {
-  std::shared_mutex mutex;
-  std::unordered_map<int, std::shared_ptr<epoll_set>> sets;
-};
 // Never destroyed: the control thread may still close an epoll set while
 // the process runs its exit handlers (as the descriptor table, table.cc).
-epoll_registry& registry() {
-  static epoll_registry& r = *new epoll_registry;
-  return r;
-}
-
-// Descriptors below this have a flag that says, without a lock, whether
-// they may be a set of ours: close() of every other descriptor, and calls
-// on it, pay one relaxed load (as the descriptor table, table.cc).
-constexpr std::size_t flagged_sets = 1 << 16;
-std::atomic<bool> maybe_set[flagged_sets];
+constinit descriptor_map<epoll_set> epoll_sets;
 
 bool may_be_set(int fd) {
-  return fd >= 0 && (static_cast<std::size_t>(fd) >= flagged_sets ||
-                     maybe_set[fd].load(std::memory_order_relaxed));
+  return epoll_sets.may_hold(fd);
 }
 
 std::shared_ptr<epoll_set> find_set(int epfd) {
-  if (!may_be_set(epfd)) return nullptr;
-  auto& r = registry();
-  std::shared_lock lock(r.mutex);
-  auto it = r.sets.find(epfd);
-  return it == r.sets.end() ? nullptr : it->second;
+  return epoll_sets.find(epfd);
 }
 
 int track_set(int epfd) {
   if (epfd < 0) return epfd;
-  auto& r = registry();
-  std::unique_lock lock(r.mutex);
-  r.sets[epfd] = std::make_shared<epoll_set>(epfd);
-  if (static_cast<std::size_t>(epfd) < flagged_sets) maybe_set[epfd].store(true);
+  auto set = std::make_shared<epoll_set>(epfd);
+  std::lock_guard lock(epoll_sets.writer());
+  set = epoll_sets.exchange_locked(epfd, std::move(set));  // a set closed unseen
   return epfd;
 }
 
@@ -746,10 +727,9 @@ void detail::epoll_members_from_now(stream& s) {
 
 void detail::forget_epoll_set(int fd) {
   if (!may_be_set(fd)) return;
-  auto& r = registry();
-  std::unique_lock lock(r.mutex);
-  r.sets.erase(fd);
-  if (static_cast<std::size_t>(fd) < flagged_sets) maybe_set[fd].store(false);
+  std::shared_ptr<epoll_set> gone;  // destroyed outside the lock
+  std::lock_guard lock(epoll_sets.writer());
+  gone = epoll_sets.exchange_locked(fd, nullptr);
 }
 
 int epoll_create(int size) {
@@ -766,15 +746,30 @@ int epoll_ctl(int epfd, int op, int fd, epoll_event* event) {
   auto set = find_set(epfd);
   if (!set) return ::epoll_ctl(epfd, op, fd, event);
   stream_ptr s = op == EPOLL_CTL_DEL ? nullptr : find(fd);
-  // A set without members, and a descriptor registered with the caller's
-  // event for good (or taken out): the kernel's call, no bookkeeping.
-  if (set->member_count.load(std::memory_order_acquire) == 0 &&
-      (op == EPOLL_CTL_DEL ||
-       (event && registration_for(s.get(), *event) == registration::kernel))) {
-    int r = ::epoll_ctl(epfd, op, fd, event);
-    if (r == 0 && op == EPOLL_CTL_ADD) set->kernel_only_members.fetch_add(1);
-    if (r == 0 && op == EPOLL_CTL_DEL) uncount_kernel_only(*set);
-    return r;
+  if (set->member_count.load(std::memory_order_acquire) == 0 && (op == EPOLL_CTL_DEL || event)) {
+    // A set without members, and a descriptor registered with the caller's
+    // event for good (or taken out): the kernel's call, no bookkeeping.
+    const registration how =
+        op == EPOLL_CTL_DEL ? registration::kernel : registration_for(s.get(), *event);
+    if (how == registration::kernel) {
+      int r = ::epoll_ctl(epfd, op, fd, event);
+      if (r == 0 && op == EPOLL_CTL_ADD) set->kernel_only_members.fetch_add(1);
+      if (r == 0 && op == EPOLL_CTL_DEL) uncount_kernel_only(*set);
+      return r;
+    }
+    // A deferred stream: the same, and the stream remembers the set (under
+    // its lock, so that an upgrade after this finds it). Without members
+    // the set has nothing of its own to change.
+    if (how == registration::held) {
+      std::lock_guard holding(s->epoll_mutex);
+      if (registration_for(s.get(), *event) == registration::held &&
+          set->member_count.load(std::memory_order_acquire) == 0) {
+        int r = ::epoll_ctl(epfd, op, fd, event);
+        if (r == 0 && op == EPOLL_CTL_ADD) set->kernel_only_members.fetch_add(1);
+        if (r == 0) hold(*s, set, fd, *event);
+        return r;
+      }
+    }
   }
   std::lock_guard lock(set->mutex);
   auto known = set->members.find(fd);

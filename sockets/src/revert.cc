@@ -352,8 +352,11 @@ void fork_child() {
 }  // namespace
 
 void install_fork_handlers() {
+  static std::atomic<bool> installed{false};  // every socket asks: one load once done
+  if (installed.load(std::memory_order_acquire)) return;
   static std::once_flag once;
   std::call_once(once, [] { ::pthread_atfork(fork_prepare, fork_parent, fork_child); });
+  installed.store(true, std::memory_order_release);
 }
 
 }  // namespace vmmc::sockets::detail

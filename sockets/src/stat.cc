@@ -413,8 +413,12 @@ void clear_locked(publisher& p, int fd) {
   if (!p.allocated[std::size_t{i} * page::row_bytes / 4096]) return;
   page::row* slot = p.row_at(i);
   if (!slot->in_use) return;
-  page::row r{};
-  write_row(*slot, r);
+  // Readers show only rows in use: the rest of it may stay as it was.
+  std::uint32_t sequence = slot->sequence.load(std::memory_order_relaxed);
+  slot->sequence.store(sequence + 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  slot->in_use = 0;
+  slot->sequence.store(sequence + 2, std::memory_order_release);
 }
 
 // Every row and the UTLB counters, now (the publisher thread, on request).

@@ -8,9 +8,9 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
-#include <shared_mutex>
 #include <vector>
 
+#include "descriptor_map.h"
 #include "sockets.h"
 
 namespace vmmc::sockets::detail {
@@ -63,41 +63,22 @@ struct registrar {
 }  // namespace settings
 
 namespace {
-// Descriptors below this have a flag that says, without a lock, whether the
-// table holds them: calls on every other descriptor (files, pipes, UDP ...)
-// pay one relaxed load.
-constexpr std::size_t flagged = 1 << 16;
-std::atomic<bool> known[flagged];
-
-struct descriptor_table {
-  std::shared_mutex mutex;
-  std::vector<stream_ptr> slots;
-};
 // Never destroyed: a fork() child that exits normally must not tear down
 // its parent's channels (close_everything does it for the owner).
-descriptor_table& table() {
-  static descriptor_table& t = *new descriptor_table;
-  return t;
+constinit descriptor_map<stream> streams;
+descriptor_map<stream>& table() {
+  return streams;
 }
 
 void set_slot(int fd, stream_ptr s) {
   auto& t = table();
-  std::unique_lock lock(t.mutex);
-  if (static_cast<std::size_t>(fd) >= t.slots.size())
-    t.slots.resize(static_cast<std::size_t>(fd) * 2 + 64);
-  if (static_cast<std::size_t>(fd) < flagged) known[fd].store(s != nullptr);
-  t.slots[static_cast<std::size_t>(fd)] = std::move(s);
+  std::lock_guard lock(t.writer());
+  stream_ptr gone = t.exchange_locked(fd, std::move(s));
 }
 }  // namespace
 
 stream_ptr find(int fd) {
-  if (fd < 0) return nullptr;
-  if (static_cast<std::size_t>(fd) < flagged && !known[fd].load(std::memory_order_relaxed))
-    return nullptr;
-  auto& t = table();
-  std::shared_lock lock(t.mutex);
-  if (static_cast<std::size_t>(fd) >= t.slots.size()) return nullptr;
-  return t.slots[static_cast<std::size_t>(fd)];
+  return table().find(fd);
 }
 
 stream_ptr adopt(int fd, bool is_client) {
@@ -116,10 +97,8 @@ void alias(int fd, const stream_ptr& s) {
 
 stream_ptr release_slot(int fd) {
   auto& t = table();
-  std::unique_lock lock(t.mutex);
-  if (fd < 0 || static_cast<std::size_t>(fd) >= t.slots.size()) return nullptr;
-  if (static_cast<std::size_t>(fd) < flagged) known[fd].store(false);
-  stream_ptr s = std::move(t.slots[static_cast<std::size_t>(fd)]);
+  std::lock_guard lock(t.writer());
+  stream_ptr s = t.exchange_locked(fd, nullptr);
   if (!s) return s;
   if (s->aliases.fetch_sub(1) == 1) {
     s->closed.store(true);  // epoll sets drop their reference
@@ -129,12 +108,11 @@ stream_ptr release_slot(int fd) {
   // Other descriptors still name this stream: the kernel calls go through one
   // of them from now on.
   if (s->fd.load() == fd) {
-    for (std::size_t i = 0; i < t.slots.size(); ++i) {
-      if (t.slots[i] == s) {
-        s->fd.store(static_cast<int>(i));
-        break;
-      }
-    }
+    int other = -1;
+    t.for_each_locked([&](int i, const stream_ptr& held) {
+      if (held == s && other < 0) other = i;
+    });
+    if (other >= 0) s->fd.store(other);
     stat_forget(fd);
   }
   return nullptr;
@@ -146,19 +124,19 @@ void forget(int fd) {
 
 std::vector<int> descriptors() {
   auto& t = table();
-  std::shared_lock lock(t.mutex);
+  std::lock_guard lock(t.writer());
   std::vector<int> fds;
-  for (std::size_t i = 0; i < t.slots.size(); ++i)
-    if (t.slots[i]) fds.push_back(static_cast<int>(i));
+  t.for_each_locked([&](int fd, const stream_ptr&) { fds.push_back(fd); });
   return fds;
 }
 
 std::vector<stream_ptr> all_streams() {
   auto& t = table();
-  std::shared_lock lock(t.mutex);
+  std::lock_guard lock(t.writer());
   std::vector<stream_ptr> all;
-  for (auto& s : t.slots)
-    if (s && (all.empty() || all.back() != s)) all.push_back(s);
+  t.for_each_locked([&](int, const stream_ptr& s) {
+    if (all.empty() || all.back() != s) all.push_back(s);
+  });
   std::sort(all.begin(), all.end());
   all.erase(std::unique(all.begin(), all.end()), all.end());
   return all;
@@ -204,9 +182,10 @@ void close_everything() {
   std::vector<stream_ptr> all;
   {
     auto& t = table();
-    std::unique_lock lock(t.mutex);
-    all.swap(t.slots);
-    for (auto& k : known) k.store(false, std::memory_order_relaxed);
+    std::lock_guard lock(t.writer());
+    std::vector<int> fds;
+    t.for_each_locked([&](int fd, const stream_ptr&) { fds.push_back(fd); });
+    for (int fd : fds) all.push_back(t.exchange_locked(fd, nullptr));
   }
   // As at close(): the peer reads every byte we sent, then the end (not a
   // vanished peer: over a fabric it saw ETIMEDOUT); our presence entry
