@@ -72,8 +72,9 @@ descriptor_map<stream>& table() {
 
 void set_slot(int fd, stream_ptr s) {
   auto& t = table();
+  stream_ptr gone;  // one closed unseen: destroyed outside the lock (its channel talks to its peer)
   std::lock_guard lock(t.writer());
-  stream_ptr gone = t.exchange_locked(fd, std::move(s));
+  gone = t.exchange_locked(fd, std::move(s));
 }
 }  // namespace
 
