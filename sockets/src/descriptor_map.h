@@ -23,9 +23,10 @@ class descriptor_map {
  public:
   using pointer = std::shared_ptr<T>;
 
-  // Every descriptor Linux can make (fs.nr_open is at most 2^30). The chunk
-  // pointers are 8 MiB of zeroed static storage: pages a process never
-  // touches cost it nothing.
+  // Descriptors below 2^30 (RLIMIT_NOFILE is capped by fs.nr_open, 2^20
+  // unless raised); calls on any above go to the kernel untracked. The
+  // chunk pointers are 8 MiB of zeroed static storage: pages a process
+  // never touches cost it nothing.
   static constexpr std::size_t chunk_slots = 1024, chunk_count = std::size_t{1} << 20;
   static constexpr std::size_t limit = chunk_slots * chunk_count;
 
