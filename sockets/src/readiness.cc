@@ -749,14 +749,15 @@ int epoll_ctl(int epfd, int op, int fd, epoll_event* event) {
   if (set->member_count.load(std::memory_order_acquire) == 0 && (op == EPOLL_CTL_DEL || event)) {
     // A set without members, and a descriptor registered with the caller's
     // event for good (or taken out): the kernel's call, no bookkeeping.
-    const registration how =
-        op == EPOLL_CTL_DEL ? registration::kernel : registration_for(s.get(), *event);
-    if (how == registration::kernel) {
+    auto kernel_only = [&] {
       int r = ::epoll_ctl(epfd, op, fd, event);
       if (r == 0 && op == EPOLL_CTL_ADD) set->kernel_only_members.fetch_add(1);
       if (r == 0 && op == EPOLL_CTL_DEL) uncount_kernel_only(*set);
       return r;
-    }
+    };
+    const registration how =
+        op == EPOLL_CTL_DEL ? registration::kernel : registration_for(s.get(), *event);
+    if (how == registration::kernel) return kernel_only();
     // A deferred stream: the same, and the stream remembers the set (under
     // its lock, so that an upgrade after this finds it). Without members
     // the set has nothing of its own to change.
@@ -764,8 +765,7 @@ int epoll_ctl(int epfd, int op, int fd, epoll_event* event) {
       std::lock_guard holding(s->epoll_mutex);
       if (registration_for(s.get(), *event) == registration::held &&
           set->member_count.load(std::memory_order_acquire) == 0) {
-        int r = ::epoll_ctl(epfd, op, fd, event);
-        if (r == 0 && op == EPOLL_CTL_ADD) set->kernel_only_members.fetch_add(1);
+        int r = kernel_only();
         if (r == 0) hold(*s, set, fd, *event);
         return r;
       }

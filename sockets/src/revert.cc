@@ -352,11 +352,9 @@ void fork_child() {
 }  // namespace
 
 void install_fork_handlers() {
-  static std::atomic<bool> installed{false};  // every socket asks: one load once done
-  if (installed.load(std::memory_order_acquire)) return;
-  static std::once_flag once;
-  std::call_once(once, [] { ::pthread_atfork(fork_prepare, fork_parent, fork_child); });
-  installed.store(true, std::memory_order_release);
+  // Every socket asks: once installed, the guard's one load.
+  [[maybe_unused]] static const int installed =
+      ::pthread_atfork(fork_prepare, fork_parent, fork_child);
 }
 
 }  // namespace vmmc::sockets::detail

@@ -265,15 +265,24 @@ publisher* get(bool create_if_missing) {
   return p;
 }
 
-void write_row(page::row& r, const page::row& value) {
+// Changes row `r` with `change` while its sequence word is odd: a reader
+// that saw it odd, or changed, reads the row again.
+template <class Change>
+void change_row(page::row& r, Change change) {
   std::uint32_t s = r.sequence.load(std::memory_order_relaxed);
   r.sequence.store(s + 1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
-  // Every field but the sequence word.
-  constexpr std::size_t skip = sizeof(std::atomic<std::uint32_t>);
-  std::memcpy(reinterpret_cast<char*>(&r) + skip, reinterpret_cast<const char*>(&value) + skip,
-              sizeof(page::row) - skip);
+  change();
   r.sequence.store(s + 2, std::memory_order_release);
+}
+
+void write_row(page::row& r, const page::row& value) {
+  change_row(r, [&] {
+    // Every field but the sequence word.
+    constexpr std::size_t skip = sizeof(std::atomic<std::uint32_t>);
+    std::memcpy(reinterpret_cast<char*>(&r) + skip, reinterpret_cast<const char*>(&value) + skip,
+                sizeof(page::row) - skip);
+  });
 }
 
 // The row describing `s` now; false for a stream that is no connection yet.
@@ -414,11 +423,7 @@ void clear_locked(publisher& p, int fd) {
   page::row* slot = p.row_at(i);
   if (!slot->in_use) return;
   // Readers show only rows in use: the rest of it may stay as it was.
-  std::uint32_t sequence = slot->sequence.load(std::memory_order_relaxed);
-  slot->sequence.store(sequence + 1, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_release);
-  slot->in_use = 0;
-  slot->sequence.store(sequence + 2, std::memory_order_release);
+  change_row(*slot, [&] { slot->in_use = 0; });
 }
 
 // Every row and the UTLB counters, now (the publisher thread, on request).

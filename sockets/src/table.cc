@@ -131,15 +131,20 @@ std::vector<int> descriptors() {
   return fds;
 }
 
+namespace {
+// Each stream once (a dup()ed socket has a slot per descriptor).
+void keep_each_once(std::vector<stream_ptr>& all) {
+  std::sort(all.begin(), all.end());
+  all.erase(std::unique(all.begin(), all.end()), all.end());
+}
+}  // namespace
+
 std::vector<stream_ptr> all_streams() {
   auto& t = table();
   std::lock_guard lock(t.writer());
   std::vector<stream_ptr> all;
-  t.for_each_locked([&](int, const stream_ptr& s) {
-    if (all.empty() || all.back() != s) all.push_back(s);
-  });
-  std::sort(all.begin(), all.end());
-  all.erase(std::unique(all.begin(), all.end()), all.end());
+  t.for_each_locked([&](int, const stream_ptr& s) { all.push_back(s); });
+  keep_each_once(all);
   return all;
 }
 
@@ -188,13 +193,13 @@ void close_everything() {
     t.for_each_locked([&](int fd, const stream_ptr&) { fds.push_back(fd); });
     for (int fd : fds) all.push_back(t.exchange_locked(fd, nullptr));
   }
+  keep_each_once(all);  // a dup()ed socket is ended once
   // As at close(): the peer reads every byte we sent, then the end (not a
   // vanished peer: over a fabric it saw ETIMEDOUT); our presence entry
   // goes; bytes of our protocol left unread (a server's answer to a writer
   // that never reads) would make the kernel reset the connection when the
   // process is gone, dropping what its send queue still held.
-  for (auto& s : all)
-    if (s) end_stream(*s);
+  for (auto& s : all) end_stream(*s);
   all.clear();
   st.ctx.reset();
   // Streams still held elsewhere (an epoll set the program closes in its own
