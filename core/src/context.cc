@@ -106,6 +106,9 @@ context::impl::~impl() {
   stopping.store(true);
   wake_control_thread();
   if (control_thread.joinable()) control_thread.join();
+  // Endpoints of this process that know ours let go of them while our
+  // notifications, requests and imports are still there to complete.
+  for (const auto& e : endpoints()) e->leave_in_process_peers();
   // Importers see our connections close (peer_gone); then regions go away.
   std::vector<link_ptr> closing;
   {

@@ -13,6 +13,7 @@
 #include <poll.h>
 #include <rdma/fabric.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -390,7 +391,14 @@ class fabric_endpoint final : public registrar {
   bool completion_needs_peer() const { return completion_needs_peer_; }
 
   result<fi_addr_t> insert_peer(const std::vector<std::uint8_t>& address);
-  void remove_peer(fi_addr_t address);
+
+  // Before an shm endpoint closes, the endpoints of this process that know
+  // it finish what is queued between them and it, then forget it; posts to
+  // it fail peer_gone from then on (fabric.cc says why). Called by the
+  // context while its state is whole (progress lands notifications and
+  // completes ops); the destructor calls it too, and a second call does
+  // nothing.
+  void leave_in_process_peers();
 
   result<fabric_mr> register_export(void* base, std::size_t length, rights allowed);
   void deregister_export(fabric_mr& mr);
@@ -450,7 +458,12 @@ class fabric_endpoint final : public registrar {
   void complete(op* o, std::error_code error);
   // Posts with -FI_EAGAIN handling: drives progress and retries.
   template <class Post>
-  status post_retrying(Post&& post, const std::atomic<bool>& peer_alive);
+  status post_retrying(fi_addr_t peer, Post&& post, const std::atomic<bool>& peer_alive);
+  // An in-process peer that closed (leave_in_process_peers): under mutex_.
+  bool gone_locked(fi_addr_t peer) const {
+    return closing_ ||
+           (!gone_peers_.empty() && std::ranges::find(gone_peers_, peer) != gone_peers_.end());
+  }
   // A read or write: copied through bounce slots up to inline_max (or when
   // the UTLB cannot register it), else zero-copy from the caller's memory.
   status post_rma(const std::shared_ptr<op>& o, bool is_write, fi_addr_t peer, std::byte* local,
@@ -494,6 +507,12 @@ class fabric_endpoint final : public registrar {
   // memory (fi_close on an MR) from inside progress.
   std::recursive_mutex mutex_;
   std::unordered_map<op*, std::shared_ptr<op>> in_flight_;
+  // shm only, under mutex_: each address inserted and what it became, and
+  // the addresses of in-process peers that closed first.
+  std::vector<std::pair<std::vector<std::uint8_t>, fi_addr_t>> inserted_;
+  std::vector<fi_addr_t> gone_peers_;
+  bool in_process_registered_ = false;  // under the process's registry lock
+  bool closing_ = false;                // left its in-process peers: posts nothing more
 
   // Bounce buffers for copied (inline) sends, records and small fetches.
   std::size_t slot_size_ = 0;

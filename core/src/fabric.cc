@@ -3,6 +3,7 @@
 // copied (inline) transfers. Nothing is ever received as a message: data and
 // notification records arrive by RMA; records carry remote CQ data.
 #include <poll.h>
+#include <pthread.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
@@ -67,6 +68,36 @@ struct fabric_lock {
   std::lock_guard<std::recursive_mutex> lock;
   explicit fabric_lock(std::recursive_mutex& m) : lock(m) {}
 };
+
+// libfabric's shm (1.17, util_shm.c: smr_map_to_region) reaches a peer
+// endpoint of its own process through that endpoint's region, not through a
+// mapping of its own, and the peer's name stays listed after it closed. An
+// endpoint that closes first leaves every endpoint of the process that knows
+// it a dangling pointer: progress follows it for the commands and responses
+// still queued between them (SIGSEGV in fi_cq_read, two contexts of one
+// process torn down), a post writes a command through it. Hence this list of
+// the process's open shm endpoints (leave_in_process_peers). A fork() child
+// starts from an empty one: the parent's endpoints are not its to close.
+struct in_process_shm {
+  std::mutex mutex;
+  std::vector<fabric_endpoint*> open;
+};
+in_process_shm* in_process = nullptr;  // never destroyed: contexts may end after statics
+pthread_once_t in_process_made = PTHREAD_ONCE_INIT;
+in_process_shm& in_process_endpoints() {
+  ::pthread_once(&in_process_made, [] {
+    in_process = new in_process_shm;
+    ::pthread_atfork(nullptr, nullptr, [] { new (in_process) in_process_shm; });
+  });
+  return *in_process;
+}
+
+// Quiescing the queues between a closing shm endpoint and its in-process
+// peers: a command, then its response, takes one progress call of each side;
+// rounds go on while they complete something, within a bound (a peer whose
+// commands wait for buffers, SAR, needs more).
+constexpr int quiesce_rounds = 4;
+constexpr auto quiesce_most = std::chrono::milliseconds(20);
 }  // namespace
 
 std::string fabric_endpoint::full_name() const {
@@ -161,10 +192,52 @@ result<std::unique_ptr<fabric_endpoint>> fabric_endpoint::open(const std::string
   e->utlb_ = std::make_unique<reg_cache>(*e, utlb_limit, memory_monitor::process_wide());
   VMMC_DEBUG("opened %s (mr_mode %#x, inject %zu, wait fd %d)", e->full_name().c_str(),
              info->domain_attr->mr_mode, e->inject_size_, e->wait_fd_);
+  if (short_name == "shm") {
+    in_process_shm& r = in_process_endpoints();
+    std::lock_guard lock(r.mutex);
+    r.open.push_back(e.get());
+    e->in_process_registered_ = true;
+  }
   return e;
 }
 
+void fabric_endpoint::leave_in_process_peers() {
+  in_process_shm& r = in_process_endpoints();
+  // Held throughout: no peer closes meanwhile (its own leaving waits here).
+  std::lock_guard registry_lock(r.mutex);
+  if (!in_process_registered_) return;
+  in_process_registered_ = false;
+  std::erase(r.open, this);
+  {
+    fabric_lock lock(mutex_);
+    closing_ = true;  // nothing more of ours gets queued at a peer
+  }
+  // Every other one may know us: shm maps the sender of a first command
+  // itself (a connection request), with no address vector entry.
+  if (r.open.empty()) return;
+  const auto until = clock::now() + quiesce_most;
+  for (int round = 0;; ++round) {
+    std::size_t handled = progress();
+    for (fabric_endpoint* other : r.open) handled += other->progress();
+    if ((round + 1 >= quiesce_rounds && handled == 0) || clock::now() >= until) break;
+  }
+  // Those that inserted our name forget it while our region is still there
+  // (a removal writes into the peer's region in some versions); their posts
+  // to it fail from now on.
+  for (fabric_endpoint* other : r.open) {
+    fabric_lock lock(other->mutex_);
+    for (const auto& [name, address] : other->inserted_) {
+      if (name != name_) continue;
+      fi_addr_t a = address;
+      fi_av_remove(other->av_, &a, 1, 0);
+      other->gone_peers_.push_back(address);
+    }
+    std::erase_if(other->inserted_, [&](const auto& entry) { return entry.first == name_; });
+  }
+}
+
 fabric_endpoint::~fabric_endpoint() {
+  leave_in_process_peers();
   fabric_call call;
   if (ep_) fi_close(&ep_->fid);
   in_flight_.clear();  // operations a dead peer never completed hold leases
@@ -181,12 +254,9 @@ result<fi_addr_t> fabric_endpoint::insert_peer(const std::vector<std::uint8_t>& 
   fabric_lock lock(mutex_);
   fi_addr_t a = FI_ADDR_NOTAVAIL;
   if (fi_av_insert(av_, address.data(), 1, &a, 0, nullptr) != 1) return errc::unreachable;
+  std::erase(gone_peers_, a);  // the vector reuses a removed address
+  if (short_name_ == "shm") inserted_.emplace_back(address, a);
   return a;
-}
-
-void fabric_endpoint::remove_peer(fi_addr_t address) {
-  fabric_lock lock(mutex_);
-  fi_av_remove(av_, &address, 1, 0);
 }
 
 // Every registration gets a random 64-bit key where the provider takes ours
@@ -258,11 +328,16 @@ void fabric_endpoint::finish_posting(const std::shared_ptr<op>& o, std::error_co
 // The send queue drains as the peer progresses: nothing to sleep on, so a
 // waiter that has spun yields the core at every turn.
 template <class Post>
-status fabric_endpoint::post_retrying(Post&& post, const std::atomic<bool>& peer_alive) {
+status fabric_endpoint::post_retrying(fi_addr_t peer, Post&& post,
+                                      const std::atomic<bool>& peer_alive) {
   status outcome;
   auto posted = [&] {
     {
       fabric_lock lock(mutex_);
+      if (gone_locked(peer)) {
+        outcome = errc::peer_gone;
+        return true;
+      }
       ssize_t rc = post();
       if (rc != -FI_EAGAIN) {
         if (rc != 0) outcome = fabric_error_code(rc);
@@ -312,7 +387,7 @@ status fabric_endpoint::inject_write(fi_addr_t peer, const void* source, std::si
                                      const std::atomic<bool>& peer_alive) {
   if (!inject_with_context_)
     return post_retrying(
-        [&] { return fi_inject_write(ep_, source, length, peer, remote_address, key); },
+        peer, [&] { return fi_inject_write(ep_, source, length, peer, remote_address, key); },
         peer_alive);
   iovec iov{const_cast<void*>(source), length};
   fi_rma_iov rma{remote_address, length, key};
@@ -323,8 +398,8 @@ status fabric_endpoint::inject_write(fi_addr_t peer, const void* source, std::si
   msg.rma_iov = &rma;
   msg.rma_iov_count = 1;
   msg.context = &inject_marker_;
-  return post_retrying([&] { return fi_writemsg(ep_, &msg, FI_INJECT | FI_COMPLETION); },
-                       peer_alive);
+  return post_retrying(
+      peer, [&] { return fi_writemsg(ep_, &msg, FI_INJECT | FI_COMPLETION); }, peer_alive);
 }
 
 // A part of `o` that owns bounce slot `slot` and completes into `o`.
@@ -363,6 +438,7 @@ status fabric_endpoint::post_bounced(const std::shared_ptr<op>& o, bool is_write
     }
     const std::uint64_t at = remote_address + done;
     status s = post_retrying(
+        peer,
         [&] {
           void* desc = fi_mr_desc(bounce_mr_);
           if (!is_write) return fi_read(ep_, bounce, chunk, desc, peer, at, key, part.get());
@@ -414,6 +490,7 @@ status fabric_endpoint::post_rma(const std::shared_ptr<op>& o, bool is_write, fi
   o->lands_in_caller |= !is_write;
   o->parts.fetch_add(1, std::memory_order_relaxed);
   status s = post_retrying(
+      peer,
       [&] {
         return is_write ? fi_write(ep_, local, length, desc, peer, remote_address, key, o.get())
                         : fi_read(ep_, local, length, desc, peer, remote_address, key, o.get());
@@ -433,6 +510,7 @@ status fabric_endpoint::post_write_with_data(const std::shared_ptr<op>& o, fi_ad
                                              const std::atomic<bool>& peer_alive) {
   if (length <= inject_size_)
     return post_retrying(
+        peer,
         [&] {
           return fi_inject_writedata(ep_, source, length, immediate, peer, remote_address, key);
         },

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <numeric>
+#include <optional>
 #include <thread>
 
 #include "integration/core/transports.h"
@@ -632,6 +633,48 @@ TEST_P(Model, ExporterGoneIsReportedOnEveryOperation) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
   EXPECT_FALSE(importer().fetch(h, 0, &v, 8).ok());
   EXPECT_FALSE(importer().send_async(h, 0, &v, 8));
+}
+
+// Two contexts of one process, either of which closes while transfers
+// between them are still queued: the other goes on without following
+// anything of it. (libfabric 1.17's shm reaches an endpoint of its own
+// process through that endpoint's region, not a mapping of its own: the
+// survivor's progress followed the closed one's freed region, SIGSEGV in
+// fi_cq_read, and its next send would have written through it.)
+TEST_P(Model, APeerInTheSameProcessMayCloseWithTransfersQueued) {
+  const auto payload = pattern(60000, 9);
+  for (int round = 0; round < 12; ++round) {
+    const bool importer_first = round % 2 == 0;
+    std::optional<core::context> exporting(make_context(GetParam()));
+    std::optional<core::context> importing(make_context(GetParam()));
+    guarded_region region(*exporting, 1 << 17, GetParam().mappable);
+    core::export_options o;
+    o.on_notify = [](const core::notification&) {};
+    ASSERT_TRUE(exporting->export_buffer("queued", region.data(), region.size(), std::move(o)));
+    auto h = importing->import_buffer(exporting->address(), "queued");
+    ASSERT_TRUE(h) << h.error().message();
+    // Sizes that travel inline, through the target's inject buffers, and as
+    // pulled (bounced or zero-copy) writes; none is waited for.
+    std::vector<core::request> requests;
+    for (std::size_t size : {8, 1000, 4000, 20000, 60000}) {
+      auto r = importing->send_async(*h, 0, payload.data(), size, {true, size});
+      ASSERT_TRUE(r) << r.error().message();
+      requests.push_back(*r);
+    }
+    std::optional<core::context>& survivor = importer_first ? exporting : importing;
+    (importer_first ? importing : exporting).reset();
+    // The survivor progresses (and, as the importer, sends) into a peer that
+    // is gone: errors, no crash.
+    const auto until = std::chrono::steady_clock::now() + 5ms;
+    while (std::chrono::steady_clock::now() < until) {
+      survivor->progress();
+      (void)survivor->poll_notifications();
+      if (!importer_first) (void)survivor->send(*h, 0, payload.data(), 1000);
+    }
+    if (!importer_first)
+      for (core::request r : requests) (void)survivor->wait(r, 1s);
+    EXPECT_TRUE(region.guards_intact());
+  }
 }
 
 TEST_P(Model, ConcurrentSendersToOneExport) {
