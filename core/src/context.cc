@@ -60,16 +60,9 @@ status context::impl::start(const context_options& options) {
       static_cast<ssize_t>(self.secret.size()))
     return errc::system_error;
 
-  notify_eventfd.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   control_wakeup.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-  if (!notify_eventfd || !control_wakeup) return errc::system_error;
-  auto page = segment::create(sizeof(wake_page), "vmmc-wake");
-  if (!page) return page.error();
-  wake_segment = std::move(*page);
-  wake = new (wake_segment->base) wake_page{};
-  // Importers read the flag; only we may set it (a peer that cleared it
-  // would keep the others from waking us).
-  if (status s = wake_segment->seal_for_peers(true); !s) return s;
+  if (!control_wakeup) return errc::system_error;
+  if (status s = notifications.open(); !s) return s;
 
   auto unix_fd = listen_unix(control_socket_name(self.pid, self.nonce));
   if (!unix_fd) return unix_fd.error();
@@ -97,12 +90,7 @@ context::impl::~impl() {
   // Withdraw every export the way unexport_buffer does, while the control
   // thread still runs to collect acknowledgements: no importer may be in the
   // middle of writing into us when our memory and endpoints go away.
-  std::vector<std::uint32_t> ids;
-  {
-    std::shared_lock lock(exports_mutex);
-    for (const auto& [id, e] : exports) ids.push_back(id);
-  }
-  for (std::uint32_t id : ids) (void)unexport_buffer(export_handle{id});
+  for (std::uint32_t id : exports.ids()) (void)unexport_buffer(export_handle{id});
   stopping.store(true);
   wake_control_thread();
   if (control_thread.joinable()) control_thread.join();
@@ -127,10 +115,7 @@ context::impl::~impl() {
     std::unique_lock lock(imports_mutex);
     imports.clear();
   }
-  {
-    std::lock_guard lock(requests_mutex);
-    requests.clear();
-  }
+  requests.clear();
   fabric.store(nullptr);
   fabric_owned.reset();
 }
@@ -273,13 +258,7 @@ result<mappable_buffer> context::allocate(std::size_t bytes) {
   mappable_buffer b;
   b.data_ = (*seg)->base;
   b.size_ = bytes;
-  {
-    std::lock_guard lock(impl_->segments_mutex);
-    auto& table = impl_->segments;
-    for (auto it = table.begin(); it != table.end();)  // forget dead segments
-      it = it->second.expired() ? table.erase(it) : std::next(it);
-    table[reinterpret_cast<std::uintptr_t>(b.data_)] = *seg;
-  }
+  impl_->segments.add(*seg);
   b.segment_ = std::move(*seg);
   return b;
 }
@@ -424,7 +403,7 @@ result<std::size_t> context::wait_notifications(std::chrono::milliseconds timeou
   return impl_->wait_notifications(timeout);
 }
 int context::notification_fd() const noexcept {
-  return impl_->notify_eventfd.get();
+  return impl_->notifications.fd();
 }
 bool context::prepare_wait() {
   return impl_->prepare_wait();

@@ -82,7 +82,7 @@ bool accept_hello(context::impl& self, const context::impl::link_ptr& link, cons
   link->address.uid = h.uid;
   link->blob = std::move(blob);
   return send_hello_reply(
-      link, {self.wake_segment->fd.get(), self.notify_eventfd.get(), (*ring)->fd.get()});
+      link, {self.notifications.wake_page_fd(), self.notifications.fd(), (*ring)->fd.get()});
 }
 
 // The importer's answer to a TCP hello's challenge: its uid counts only with
@@ -204,7 +204,7 @@ void context::impl::link_died(const link_ptr& link) {
     links_by_id.erase(link->id);
   }
   for (fabric_mr& m : link->fabric_ring_mrs) m.endpoint->deregister_export(m);
-  for (const notification& n : unread) enqueue_notification(n);
+  for (const notification& n : unread) notifications.push(n);
   revoke_cv.notify_all();
 }
 
@@ -244,9 +244,9 @@ void context::impl::control_loop() {
     for (auto& p : peer_list) fds.push_back({p->conn->fd(), events(*p->conn), 0});
 
     // Fabric progress is ours only while the application is not polling.
-    const bool app_idle = wake->sleeping.load(std::memory_order_relaxed) ||
-                          now_ns() - last_app_poll_ns.load(std::memory_order_relaxed) >
-                              std::chrono::nanoseconds(app_idle_after).count();
+    const bool app_idle =
+        notifications.sleeping() || now_ns() - last_app_poll_ns.load(std::memory_order_relaxed) >
+                                        std::chrono::nanoseconds(app_idle_after).count();
     control_watching_fabric.store(app_idle, std::memory_order_release);
     bool fabric_ready = false, has_unwaitable_endpoint = false;
     for (auto& e : endpoints()) has_unwaitable_endpoint |= e->in_use() && !e->has_wait_fd();

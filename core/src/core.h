@@ -34,6 +34,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include "exports.h"
+#include "notifications.h"
+#include "requests.h"
+#include "unique_fd.h"
 #include "vmmc/core/context.h"
 #include "vmmc/core/reg_cache.h"
 #include "vmmc/core/settings.h"
@@ -102,25 +106,6 @@ result<peer_address> decode_address(std::string_view text);
 std::string control_socket_name(std::uint32_t pid, std::uint64_t nonce);
 
 // ---- control sockets (connection.cc) --------------------------------------
-class unique_fd {
- public:
-  unique_fd() = default;
-  explicit unique_fd(int fd) : fd_(fd) {}
-  unique_fd(unique_fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  unique_fd& operator=(unique_fd&& o) noexcept {
-    if (this != &o) reset(std::exchange(o.fd_, -1));
-    return *this;
-  }
-  ~unique_fd() { reset(); }
-  int get() const noexcept { return fd_; }
-  int release() noexcept { return std::exchange(fd_, -1); }
-  void reset(int fd = -1) noexcept;
-  explicit operator bool() const noexcept { return fd_ >= 0; }
-
- private:
-  int fd_ = -1;
-};
-
 struct frame {
   wire::frame_type type;
   std::vector<std::uint8_t> body;
@@ -689,9 +674,7 @@ class context::impl {
   void handle_unimport(const link_ptr& link, const detail::frame& f);
   result<detail::fabric_mr> fabric_ring_for(const link_ptr& link,
                                             detail::fabric_endpoint& endpoint);
-  export_ptr find_export(std::uint32_t id) const;
-  std::shared_ptr<detail::segment> find_segment(const void* base, std::size_t length,
-                                                std::uint64_t& offset);
+  export_ptr find_export(std::uint32_t id) const { return exports.find(id); }
 
   // import.cc
   result<import_handle> import_buffer(std::string_view peer_address, std::string_view name,
@@ -729,12 +712,10 @@ class context::impl {
   void on_remote_record(std::uint64_t immediate);
   void apply_record(const detail::wire::record_header& h, const std::byte* payload,
                     std::size_t payload_length);
-  void enqueue_notification(const notification& n);
   std::size_t poll_notifications();
   result<std::size_t> wait_notifications(std::chrono::milliseconds timeout);
   bool prepare_wait();
   bool notification_pending();
-  void wake_waiter();
 
   // control.cc
   void control_loop();
@@ -780,16 +761,9 @@ class context::impl {
   }
 
   detail::unique_fd unix_listener;
-  detail::unique_fd notify_eventfd;  // the notification fd given to users
-  std::shared_ptr<detail::segment> wake_segment;
-  detail::wake_page* wake = nullptr;
 
-  mutable std::shared_mutex exports_mutex;
-  std::unordered_map<std::uint32_t, export_ptr> exports;
-  std::unordered_map<std::string, std::uint32_t> export_names;
-  std::uint32_t next_export_id = 1;
-  std::mutex segments_mutex;
-  std::map<std::uintptr_t, std::weak_ptr<detail::segment>> segments;  // by base address
+  detail::export_table exports;
+  detail::segment_table segments;  // context::allocate's
 
   mutable std::shared_mutex imports_mutex;
   std::unordered_map<std::uint64_t, import_ptr> imports;
@@ -797,7 +771,7 @@ class context::impl {
   std::mutex connect_mutex;  // serialises connecting to new peers
   std::mutex peers_mutex;
   std::map<std::string, peer_ptr> peers;
-  std::atomic<std::uint64_t> next_request_id{1};
+  std::atomic<std::uint64_t> next_import_request{1};  // ids of import requests on the wire
 
   std::mutex links_mutex;
   std::vector<link_ptr> links;
@@ -806,14 +780,9 @@ class context::impl {
   std::condition_variable revoke_cv;  // with links_mutex: revoke acks and link deaths
   std::map<std::pair<detail::importer_link*, std::uint32_t>, int> revokes_pending;
 
-  std::mutex requests_mutex;
-  std::unordered_map<std::uint64_t, std::shared_ptr<detail::op>> requests;
+  detail::request_table requests;
 
-  std::mutex pending_mutex;  // notifications that arrived through the fabric
-  std::deque<notification> pending;
-  std::atomic<bool> pending_nonempty{false};
-  std::recursive_mutex dispatch_mutex;  // handlers never run concurrently
-  bool armed = false;                   // prepare_wait() set the wake flag
+  detail::notification_queue notifications;
 
   std::thread control_thread;
   // The control thread's working sets, reused each round. Members, not the

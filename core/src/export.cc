@@ -9,26 +9,6 @@ namespace vmmc::core {
 
 using namespace detail;
 
-context::impl::export_ptr context::impl::find_export(std::uint32_t id) const {
-  std::shared_lock lock(exports_mutex);
-  auto it = exports.find(id);
-  return it == exports.end() ? nullptr : it->second;
-}
-
-std::shared_ptr<segment> context::impl::find_segment(const void* base, std::size_t length,
-                                                     std::uint64_t& offset) {
-  std::lock_guard lock(segments_mutex);
-  auto address = reinterpret_cast<std::uintptr_t>(base);
-  auto it = segments.upper_bound(address);
-  if (it == segments.begin()) return nullptr;
-  auto seg = std::prev(it)->second.lock();
-  if (!seg) return nullptr;
-  auto start = reinterpret_cast<std::uintptr_t>(seg->base);
-  if (address + length > start + seg->size) return nullptr;
-  offset = address - start;
-  return seg;
-}
-
 result<export_handle> context::impl::export_buffer(std::string_view name, void* base,
                                                    std::size_t length, export_options options) {
   if (!base || length == 0 || name.empty() || name.size() > wire::max_name_length ||
@@ -48,11 +28,11 @@ result<export_handle> context::impl::export_buffer(std::string_view name, void* 
     if (status opened = open_fabric(); !opened) return opened.error();
   std::uint64_t offset = 0;
   if (options.mapped)
-    if (auto seg = find_segment(base, length, offset))
+    if (auto seg = segments.find(base, length, offset))
       e->window = export_window::open(std::move(seg), offset, length);
 
   // Registration takes endpoint locks, which progress holds while it looks
-  // exports up: register before taking exports_mutex, never under it.
+  // exports up: register before filing the export, never under its lock.
   auto release_mrs = [&] {
     for (fabric_mr& m : e->mrs) m.endpoint->deregister_export(m);
   };
@@ -64,29 +44,17 @@ result<export_handle> context::impl::export_buffer(std::string_view name, void* 
     }
     e->mrs.push_back(*mr);
   }
-  std::unique_lock lock(exports_mutex);
-  if (export_names.count(e->name)) {
-    lock.unlock();
+  if (!exports.add(e)) {
     release_mrs();
     return errc::already_exists;
   }
-  e->id = next_export_id++;
-  exports.emplace(e->id, e);
-  export_names.emplace(e->name, e->id);
   return export_handle{e->id};
 }
 
 status context::impl::unexport_buffer(export_handle handle) {
-  export_ptr e;
-  {
-    std::unique_lock lock(exports_mutex);
-    auto it = exports.find(handle.id);
-    if (it == exports.end()) return errc::unknown_handle;
-    e = it->second;
-    exports.erase(it);
-    export_names.erase(e->name);
-    e->live.store(false);
-  }
+  export_ptr e = exports.remove(handle.id);
+  if (!e) return errc::unknown_handle;
+  e->live.store(false);
   // Ask every importer to stop and wait for its acknowledgement: after it, no
   // mapped copy or fabric write of theirs can still land in this memory.
   {
@@ -162,12 +130,7 @@ void context::impl::handle_import_request(const link_ptr& link, const frame& f) 
   std::string name(parsed->name);
   std::string provider(parsed->provider);
 
-  export_ptr e;
-  {
-    std::shared_lock lock(exports_mutex);
-    auto it = export_names.find(name);
-    if (it != export_names.end()) e = exports.at(it->second);
-  }
+  export_ptr e = exports.find(name);
   if (!e) return answer(errc::unknown_export);
   switch (e->policy.who) {
     case import_policy::kind::anyone:

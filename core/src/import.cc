@@ -146,7 +146,7 @@ result<import_handle> context::impl::import_buffer(std::string_view peer_blob,
   if (!want_mapped && !endpoint) return errc::unreachable;
 
   wire::import_request_body req{};
-  req.request_id = next_request_id++;
+  req.request_id = next_import_request++;
   req.want_mapped = want_mapped;
   req.name_length = static_cast<std::uint32_t>(name.size());
   if (endpoint) std::strncpy(req.provider, endpoint->short_name().c_str(), sizeof req.provider - 1);

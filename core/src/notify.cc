@@ -1,6 +1,7 @@
 // Notifications: records arriving on the mapped rings or the fabric rings,
 // dispatched to export handlers in the polling thread; sleeping and waking.
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include "core.h"
@@ -69,26 +70,73 @@ void context::impl::apply_record(const wire::record_header& h, const std::byte* 
   const record_plan plan =
       plan_record(h, e->length, has_right(e->allowed, rights::write), payload_length);
   if (plan.copy) std::memcpy(e->base + h.offset, payload, h.length);
-  if (plan.notify) enqueue_notification({h.export_id, h.offset, h.length, h.value});
+  if (plan.notify) notifications.push({h.export_id, h.offset, h.length, h.value});
 }
 
-void context::impl::enqueue_notification(const notification& n) {
+// ---- notification_queue (notifications.h)
+
+status detail::notification_queue::open() {
+  eventfd_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!eventfd_) return errc::system_error;
+  auto page = segment::create(sizeof(wake_page), "vmmc-wake");
+  if (!page) return page.error();
+  page_segment_ = std::move(*page);
+  page_ = new (page_segment_->base) wake_page{};
+  // Importers read the flag; only we may set it (a peer that cleared it
+  // would keep the others from waking us).
+  return page_segment_->seal_for_peers(true);
+}
+
+int detail::notification_queue::wake_page_fd() const noexcept {
+  return page_segment_->fd.get();
+}
+
+bool detail::notification_queue::sleeping() const noexcept {
+  return page_->sleeping.load(std::memory_order_relaxed) != 0;
+}
+
+void detail::notification_queue::push(const notification& n) {
   {
-    std::lock_guard lock(pending_mutex);
-    pending.push_back(n);
-    pending_nonempty.store(true, std::memory_order_release);
+    std::lock_guard lock(mutex_);
+    queued_.push_back(n);
+    nonempty_.store(true, std::memory_order_release);
   }
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (wake->sleeping.load(std::memory_order_relaxed)) wake_waiter();
+  if (sleeping()) wake();
 }
 
-void context::impl::wake_waiter() {
-  std::uint64_t one = 1;
-  [[maybe_unused]] ssize_t n = ::write(notify_eventfd.get(), &one, sizeof one);
+void detail::notification_queue::take(std::vector<notification>& batch) {
+  if (!nonempty()) return;
+  std::lock_guard lock(mutex_);
+  batch.insert(batch.end(), queued_.begin(), queued_.end());
+  queued_.clear();
+  nonempty_.store(false, std::memory_order_relaxed);
 }
+
+void detail::notification_queue::wake() const {
+  std::uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = ::write(eventfd_.get(), &one, sizeof one);
+}
+
+void detail::notification_queue::raise_flag() {
+  page_->sleeping.store(1, std::memory_order_relaxed);
+  raised_ = true;
+  // Pairs with the fences of senders: they see the flag or we see their data.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
+void detail::notification_queue::lower_flag() {
+  if (!raised_) return;
+  raised_ = false;
+  page_->sleeping.store(0, std::memory_order_relaxed);
+  std::uint64_t drained;
+  [[maybe_unused]] ssize_t n = ::read(eventfd_.get(), &drained, sizeof drained);
+}
+
+// ---- the context's side
 
 bool context::impl::notification_pending() {
-  if (pending_nonempty.load(std::memory_order_acquire)) return true;
+  if (notifications.nonempty()) return true;
   std::lock_guard lock(links_mutex);
   for (const link_ptr& link : links)
     if (notify_ring* ring = link->ring())
@@ -99,13 +147,8 @@ bool context::impl::notification_pending() {
 
 std::size_t context::impl::poll_notifications() {
   last_app_poll_ns.store(now_ns(), std::memory_order_relaxed);
-  std::lock_guard dispatch(dispatch_mutex);
-  if (armed) {
-    armed = false;
-    wake->sleeping.store(0, std::memory_order_relaxed);
-    std::uint64_t drained;
-    [[maybe_unused]] ssize_t n = ::read(notify_eventfd.get(), &drained, sizeof drained);
-  }
+  std::lock_guard dispatch(notifications.dispatch_lock());
+  notifications.lower_flag();
   std::vector<notification> batch;
   {
     std::lock_guard lock(links_mutex);
@@ -119,12 +162,7 @@ std::size_t context::impl::poll_notifications() {
   if (batch.empty())
     for (auto& e : endpoints())
       if (e->in_use()) e->try_progress();
-  if (pending_nonempty.load(std::memory_order_acquire)) {
-    std::lock_guard lock(pending_mutex);
-    batch.insert(batch.end(), pending.begin(), pending.end());
-    pending.clear();
-    pending_nonempty.store(false, std::memory_order_relaxed);
-  }
+  notifications.take(batch);
   for (const notification& n : batch) {
     export_ptr e = find_export(n.export_id);
     if (!e || !fits(n.offset, n.length, e->length)) continue;
@@ -135,11 +173,8 @@ std::size_t context::impl::poll_notifications() {
 }
 
 bool context::impl::prepare_wait() {
-  std::lock_guard dispatch(dispatch_mutex);
-  wake->sleeping.store(1, std::memory_order_relaxed);
-  armed = true;
-  // Pairs with the fences of senders: they see the flag or we see their data.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  std::lock_guard dispatch(notifications.dispatch_lock());
+  notifications.raise_flag();
   for (auto& e : endpoints())
     if (e->in_use()) e->try_progress();
   if (notification_pending()) return false;
@@ -154,7 +189,7 @@ result<std::size_t> context::impl::wait_notifications(std::chrono::milliseconds 
   std::size_t n = 0;
   auto sleep = [&](std::chrono::nanoseconds most) {
     if (!prepare_wait()) return true;
-    std::vector<pollfd> fds{{notify_eventfd.get(), POLLIN, 0}};
+    std::vector<pollfd> fds{{notifications.fd(), POLLIN, 0}};
     for (auto& e : endpoints())
       if (e->in_use() && e->has_wait_fd() && e->try_arm_wait())
         fds.push_back({e->wait_fd(), POLLIN, 0});

@@ -339,20 +339,12 @@ result<request> context::impl::remember(std::shared_ptr<op> o, void* user_contex
     o->user_context = user_context;
     o->done = true;
   }
-  std::lock_guard lock(requests_mutex);
-  request r{next_request_id++};
-  requests.emplace(r.id, std::move(o));
-  return r;
+  return request{requests.add(std::move(o))};
 }
 
 result<completion> context::impl::test(request r) {
-  std::shared_ptr<op> o;
-  {
-    std::lock_guard lock(requests_mutex);
-    auto it = requests.find(r.id);
-    if (it == requests.end()) return errc::unknown_handle;
-    o = it->second;
-  }
+  std::shared_ptr<op> o = requests.find(r.id);
+  if (!o) return errc::unknown_handle;
   if (!o->done && o->import) o->import->endpoint->progress();
   std::error_code error;
   if (o->done) {
@@ -362,25 +354,18 @@ result<completion> context::impl::test(request r) {
   } else {
     return errc::would_block;
   }
-  std::lock_guard lock(requests_mutex);
-  requests.erase(r.id);
+  requests.remove(r.id);
   return completion{o->user_context, error};
 }
 
 result<completion> context::impl::wait(request r, std::chrono::milliseconds timeout) {
-  std::shared_ptr<op> o;
-  {
-    std::lock_guard lock(requests_mutex);
-    auto it = requests.find(r.id);
-    if (it == requests.end()) return errc::unknown_handle;
-    o = it->second;
-  }
+  std::shared_ptr<op> o = requests.find(r.id);
+  if (!o) return errc::unknown_handle;
   auto deadline = timeout == std::chrono::milliseconds::max() ? clock::time_point::max()
                                                               : clock::now() + timeout;
   status s = wait_op(*o, deadline);
   if (s.is(errc::timed_out)) return errc::timed_out;  // still pending; may be waited again
-  std::lock_guard lock(requests_mutex);
-  requests.erase(r.id);
+  requests.remove(r.id);
   return completion{o->user_context, s.error()};
 }
 
