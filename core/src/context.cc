@@ -98,23 +98,12 @@ context::impl::~impl() {
   // notifications, requests and imports are still there to complete.
   for (const auto& e : endpoints()) e->leave_in_process_peers();
   // Importers see our connections close (peer_gone); then regions go away.
-  std::vector<link_ptr> closing;
-  {
-    std::lock_guard lock(links_mutex);
-    closing.swap(links);
-    links_by_id.clear();
-  }
+  std::vector<link_ptr> closing = links.take_all();
   for (const link_ptr& link : closing)
     for (fabric_mr& m : link->fabric_ring_mrs) m.endpoint->deregister_export(m);
   closing.clear();
-  {
-    std::lock_guard lock(peers_mutex);
-    peers.clear();
-  }
-  {
-    std::unique_lock lock(imports_mutex);
-    imports.clear();
-  }
+  peers.clear();
+  imports.clear();
   requests.clear();
   fabric.store(nullptr);
   fabric_owned.reset();

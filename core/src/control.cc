@@ -74,10 +74,7 @@ bool accept_hello(context::impl& self, const context::impl::link_ptr& link, cons
   if (!ring) return false;
   new ((*ring)->base) notify_ring{};
   if (!(*ring)->seal_for_peers(false)) return false;
-  {
-    std::lock_guard lock(self.links_mutex);
-    link->ring_segment = *ring;
-  }
+  self.links.set_ring(*link, *ring);
   link->address = std::move(*address);
   link->address.uid = h.uid;
   link->blob = std::move(blob);
@@ -128,11 +125,7 @@ void context::impl::handle_link_frames(const link_ptr& link) {
       case wire::frame_type::revoke_ack: {
         wire::revoke_body body{};
         if (!f.body_as(body)) break;
-        {
-          std::lock_guard lock(links_mutex);
-          revokes_pending.erase({link.get(), body.export_id});
-        }
-        revoke_cv.notify_all();
+        links.acknowledge(*link, body.export_id);
         break;
       }
       case wire::frame_type::heartbeat:
@@ -194,18 +187,11 @@ void context::impl::handle_peer_frames(const peer_ptr& peer) {
 
 void context::impl::link_died(const link_ptr& link) {
   link->alive = false;
+  // What the importer published before it went is delivered, not dropped.
   std::vector<notification> unread;
-  {
-    std::lock_guard lock(links_mutex);
-    // What the importer published before it went is delivered, not dropped.
-    if (notify_ring* ring = link->ring()) (void)drain_ring(*ring, unread);
-    keep_granted(*link, unread, 0);
-    std::erase(links, link);
-    links_by_id.erase(link->id);
-  }
+  links.remove(link, unread);
   for (fabric_mr& m : link->fabric_ring_mrs) m.endpoint->deregister_export(m);
   for (const notification& n : unread) notifications.push(n);
-  revoke_cv.notify_all();
 }
 
 void context::impl::control_loop() {
@@ -226,15 +212,8 @@ void context::impl::control_loop() {
     const fabric_paths* opened = fabric.load(std::memory_order_acquire);
     fds.push_back(
         {listening && opened && opened->tcp_listener ? opened->tcp_listener.get() : -1, POLLIN, 0});
-    {
-      std::lock_guard lock(links_mutex);
-      link_list = links;
-    }
-    {
-      std::lock_guard lock(peers_mutex);
-      peer_list.clear();
-      for (auto& [key, p] : peers) peer_list.push_back(p);
-    }
+    links.copy_to(link_list);
+    peers.copy_to(peer_list);
     // Output waits in a connection only while its socket is full: flush it
     // when there is room.
     auto events = [](const connection& c) -> short {
@@ -324,21 +303,6 @@ void context::impl::control_loop() {
   }
 }
 
-namespace {
-// The live link that has waited longest for its hello, and (in `count`) how
-// many wait. Under links_mutex.
-context::impl::link_ptr oldest_half_open(const std::vector<context::impl::link_ptr>& links,
-                                         std::size_t& count) {
-  context::impl::link_ptr oldest;
-  for (const auto& l : links)
-    if (l->alive && !l->hello_done) {
-      ++count;
-      if (!oldest || l->accepted_ns < oldest->accepted_ns) oldest = l;
-    }
-  return oldest;
-}
-}  // namespace
-
 void context::impl::accept_links(int listener, bool is_unix) {
   // A round takes at most max_half_open: the links it pushes out close in
   // the next round, so a flood never holds more than twice that.
@@ -348,9 +312,7 @@ void context::impl::accept_links(int listener, bool is_unix) {
       if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
         // Make room by dropping the oldest connection still without a hello
         // (the next round closes it); rest if there is none.
-        std::lock_guard lock(links_mutex);
-        std::size_t half_open = 0;
-        if (link_ptr oldest = oldest_half_open(links, half_open)) oldest->alive = false;
+        links.drop_oldest_half_open();
         accept_resumes_ns =
             now_ns() + std::chrono::duration_cast<std::chrono::nanoseconds>(accept_rest).count();
         VMMC_WARN("out of descriptors for control connections: %s", std::strerror(errno));
@@ -362,13 +324,7 @@ void context::impl::accept_links(int listener, bool is_unix) {
     link->conn->give_up_unacknowledged_after(liveness);
     link->conn->on_backlog = [this] { wake_control_thread(); };
     link->accepted_ns = now_ns();
-    std::lock_guard lock(links_mutex);
-    std::size_t half_open = 0;
-    link_ptr oldest = oldest_half_open(links, half_open);
-    if (half_open >= max_half_open) oldest->alive = false;  // a flood ages out its own first
-    link->id = next_link_id++;
-    links_by_id.emplace(link->id, link);
-    links.push_back(std::move(link));
+    links.add(std::move(link), max_half_open);
   }
 }
 
@@ -376,11 +332,9 @@ void context::impl::accept_links(int listener, bool is_unix) {
 // more; several imports of one export acknowledge together.
 void context::impl::send_owed_acks() {
   std::vector<import_ptr> owing;
-  {
-    std::shared_lock lock(imports_mutex);
-    for (auto& [id, imp] : imports)
-      if (imp->ack_owed) owing.push_back(imp);
-  }
+  imports.for_each([&](const import_ptr& imp) {
+    if (imp->ack_owed) owing.push_back(imp);
+  });
   for (auto& imp : owing) {
     if (imp->in_flight.load() > 0) continue;
     bool others_busy = false;
@@ -396,9 +350,8 @@ void context::impl::send_owed_acks() {
   }
   // Imports released while owing drop their debt: their unimport frame
   // answers the revoke (handle_unimport).
-  std::shared_lock lock(imports_mutex);
   int still = 0;
-  for (auto& [id, imp] : imports) still += imp->ack_owed;
+  imports.for_each([&](const import_ptr& imp) { still += imp->ack_owed; });
   acks_owed.store(still);
 }
 

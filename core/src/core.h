@@ -35,6 +35,8 @@
 #include <vector>
 
 #include "exports.h"
+#include "imports.h"
+#include "links.h"
 #include "notifications.h"
 #include "requests.h"
 #include "unique_fd.h"
@@ -292,7 +294,7 @@ struct notify_ring {
 };
 // Moves every published record to `out` and frees their slots. Returns false,
 // consuming nothing, when the indices are impossible (a corrupt producer).
-// Single consumer: callers hold links_mutex.
+// Single consumer: callers hold the link table's lock.
 bool drain_ring(notify_ring& ring, std::vector<notification>& out);
 
 // One page per exporter, mapped by its same-host importers: tells senders
@@ -617,12 +619,12 @@ struct importer_link {
   digest context_proof{};
   std::atomic<bool> alive{true};
   std::shared_ptr<segment> ring_segment;  // mapped path notifications from it
-  std::map<std::uint32_t, int> imported;  // export id -> import count (links_mutex)
+  std::map<std::uint32_t, int> imported;  // export id -> import count (link table's lock)
   // Of those, the ones imported over the fabric at least once: a revoke
   // waits for their acknowledgement (writes of theirs may be in flight).
   // Mapped imports need none: unexport takes the pages from under them.
   std::set<std::uint32_t> imported_over_fabric;
-  // Exports this importer was ever granted (links_mutex; an id leaves with
+  // Exports this importer was ever granted (link table's lock; an id leaves with
   // its export): only their records are taken from its rings. Not only the
   // live imports: records published before a release may be read after it.
   std::set<std::uint32_t> granted;
@@ -647,10 +649,6 @@ inline constexpr std::uint32_t unverified_uid = 0xFFFFFFFF;
 // importer at the other end of `link`: the same context, proven (same host:
 // the kernel checked its pid; TCP: its proof with the listed secret).
 bool names_importer(const std::string& listed, const importer_link& link, std::uint64_t our_nonce);
-
-// Drops the records from batch[from] on that `link` was never granted
-// (notify.cc). Under links_mutex.
-void keep_granted(const importer_link& link, std::vector<notification>& batch, std::size_t from);
 
 }  // namespace vmmc::core::detail
 
@@ -681,7 +679,7 @@ class context::impl {
                                       std::chrono::milliseconds timeout);
   status unimport_buffer(import_handle handle);
   result<peer_ptr> connect_peer(std::string_view blob, detail::clock::time_point deadline);
-  import_ptr find_import(import_handle handle) const;
+  import_ptr find_import(import_handle handle) const { return imports.find(handle.id); }
   void handle_revoke(const peer_ptr& peer, const detail::frame& f);
   void send_revoke_ack(detail::import_entry& imp);
   void await_writes_landed(detail::import_entry& imp);
@@ -762,26 +760,17 @@ class context::impl {
 
   detail::unique_fd unix_listener;
 
+  // The model's tables, each with its own lock (exports.h, imports.h,
+  // links.h, requests.h, notifications.h). Nested only as: an endpoint's
+  // lock (progress landing a record), then the links' or the exports'; the
+  // links', then a connection's (a frame written under it).
   detail::export_table exports;
   detail::segment_table segments;  // context::allocate's
-
-  mutable std::shared_mutex imports_mutex;
-  std::unordered_map<std::uint64_t, import_ptr> imports;
-  std::uint64_t next_import_id = 1;
-  std::mutex connect_mutex;  // serialises connecting to new peers
-  std::mutex peers_mutex;
-  std::map<std::string, peer_ptr> peers;
+  detail::import_table imports;
+  detail::peer_table peers;  // exporters we are connected to, by address blob
   std::atomic<std::uint64_t> next_import_request{1};  // ids of import requests on the wire
-
-  std::mutex links_mutex;
-  std::vector<link_ptr> links;
-  std::unordered_map<std::uint32_t, link_ptr> links_by_id;
-  std::uint32_t next_link_id = 1;
-  std::condition_variable revoke_cv;  // with links_mutex: revoke acks and link deaths
-  std::map<std::pair<detail::importer_link*, std::uint32_t>, int> revokes_pending;
-
+  detail::link_table links;                           // importers connected to us, and their grants
   detail::request_table requests;
-
   detail::notification_queue notifications;
 
   std::thread control_thread;

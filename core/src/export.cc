@@ -57,32 +57,8 @@ status context::impl::unexport_buffer(export_handle handle) {
   e->live.store(false);
   // Ask every importer to stop and wait for its acknowledgement: after it, no
   // mapped copy or fabric write of theirs can still land in this memory.
-  {
-    std::unique_lock lock(links_mutex);
-    std::vector<link_ptr> asked;
-    for (const link_ptr& link : links) {
-      if (!link->alive || !link->imported.count(e->id)) continue;
-      wire::revoke_body body{e->id, 0};
-      if (link->conn->write_frame(wire::frame_type::revoke, &body, sizeof body) &&
-          link->imported_over_fabric.count(e->id)) {
-        revokes_pending[{link.get(), e->id}] = 1;
-        asked.push_back(link);
-      }
-    }
-    auto all_acknowledged = [&] {
-      for (const link_ptr& link : asked)
-        if (link->alive && revokes_pending.count({link.get(), e->id})) return false;
-      return true;
-    };
-    if (!revoke_cv.wait_for(lock, std::chrono::seconds(2), all_acknowledged))
-      VMMC_WARN("export %s withdrawn without every importer's acknowledgement", e->name.c_str());
-    for (const link_ptr& link : asked) revokes_pending.erase({link.get(), e->id});
-    for (const link_ptr& link : links) {
-      link->imported.erase(e->id);
-      link->imported_over_fabric.erase(e->id);
-      link->granted.erase(e->id);
-    }
-  }
+  if (!links.revoke(*e, std::chrono::seconds(2)))
+    VMMC_WARN("export %s withdrawn without every importer's acknowledgement", e->name.c_str());
   // Enforced whatever the importers answered: their mappings lose our pages.
   if (e->window) e->window->close();
   for (fabric_mr& m : e->mrs) m.endpoint->deregister_export(m);
@@ -157,7 +133,7 @@ void context::impl::handle_import_request(const link_ptr& link, const frame& f) 
     reply.segment_offset = 0;
     fds.push_back(lent.get());
     // Open while the export is live: unexport_buffer marks it dead, then
-    // waits for links_mutex, under which this reply is written.
+    // revokes through the link table, under whose lock this reply is written.
     if (e->wake_fd >= 0) {
       reply.has_wake_fd = 1;
       fds.push_back(e->wake_fd);
@@ -180,18 +156,13 @@ void context::impl::handle_import_request(const link_ptr& link, const frame& f) 
     reply.link_id = link->id;
     reply.ring_capacity = wire::ring_slots;
   }
-  // Count the import under links_mutex after re-checking liveness, so that a
+  // Granted after re-checking liveness, under the link table's lock: a
   // concurrent unexport either sees this import (and revokes it) or we see it
-  // gone.
-  // The reply goes under the same lock: a revoke written by a concurrent
-  // unexport then follows it on this connection, and the importer can tell
-  // an import it overtook (handle_revoke).
-  std::lock_guard lock(links_mutex);
-  if (!e->live) return answer(errc::unknown_export);
-  ++link->imported[e->id];
-  if (!reply.mapped) link->imported_over_fabric.insert(e->id);
-  link->granted.insert(e->id);
-  answer(errc::ok);
+  // gone. The reply goes under the same lock: a revoke written by a
+  // concurrent unexport then follows it on this connection, and the importer
+  // can tell an import it overtook (handle_revoke).
+  (void)links.grant(*link, *e, !reply.mapped,
+                    [&](bool granted) { answer(granted ? errc::ok : errc::unknown_export); });
 }
 
 // The ring this importer writes notification records into over `endpoint`:
@@ -203,8 +174,7 @@ result<fabric_mr> context::impl::fabric_ring_for(const link_ptr& link, fabric_en
     auto seg = segment::create(sizeof(wire::fabric_ring), "vmmc-fabric-ring");
     if (!seg) return seg.error();
     new ((*seg)->base) wire::fabric_ring{};
-    std::lock_guard lock(links_mutex);  // the sink reads it under links_mutex
-    link->fabric_ring_segment = *seg;
+    links.set_fabric_ring(*link, *seg);
   }
   auto mr = endpoint.register_export(link->fabric_ring_segment->base, sizeof(wire::fabric_ring),
                                      rights::read_write);
@@ -216,17 +186,7 @@ result<fabric_mr> context::impl::fabric_ring_for(const link_ptr& link, fabric_en
 void context::impl::handle_unimport(const link_ptr& link, const frame& f) {
   wire::unimport_body body{};
   if (!f.body_as(body)) return;
-  {
-    std::lock_guard lock(links_mutex);
-    auto it = link->imported.find(body.export_id);
-    if (it == link->imported.end() || --it->second > 0) return;
-    link->imported.erase(it);
-    link->imported_over_fabric.erase(body.export_id);
-    // The importer let go with nothing of its in flight: as good as an
-    // acknowledgement of a revoke that crossed this frame.
-    revokes_pending.erase({link.get(), body.export_id});
-  }
-  revoke_cv.notify_all();
+  links.release(*link, body.export_id);
 }
 
 }  // namespace vmmc::core

@@ -23,27 +23,13 @@ bool is_eventfd(int fd) {
 }
 }  // namespace
 
-context::impl::import_ptr context::impl::find_import(import_handle handle) const {
-  std::shared_lock lock(imports_mutex);
-  auto it = imports.find(handle.id);
-  return it == imports.end() ? nullptr : it->second;
-}
-
 result<context::impl::peer_ptr> context::impl::connect_peer(std::string_view blob_text,
                                                             clock::time_point deadline) {
   auto address = decode_address(blob_text);
   if (!address) return address.error();
   std::string key(blob_text);
-  // One connect at a time, but without peers_mutex: the control thread needs
-  // that one to answer other processes' hellos meanwhile.
-  std::lock_guard connecting(connect_mutex);
-  {
-    std::lock_guard lock(peers_mutex);
-    if (auto it = peers.find(key); it != peers.end()) {
-      if (it->second->alive) return it->second;
-      peers.erase(it);
-    }
-  }
+  std::lock_guard connecting(peers.connecting());
+  if (peer_ptr known = peers.find_live(key)) return known;
   auto peer = std::make_shared<remote_peer>();
   peer->address = std::move(*address);
   peer->blob = key;
@@ -108,10 +94,7 @@ result<context::impl::peer_ptr> context::impl::connect_peer(std::string_view blo
     peer->ring_map = std::move(*ring_map);
     peer->wake_eventfd = std::move(reply->fds[1]);
   }
-  {
-    std::lock_guard lock(peers_mutex);
-    peers.emplace(key, peer);
-  }
+  peers.add(key, peer);
   wake_control_thread();  // start watching the new connection
   return peer;
 }
@@ -237,31 +220,20 @@ result<import_handle> context::impl::import_buffer(std::string_view peer_blob,
     imp->remote_address = r.remote_address;
     imp->key = r.key;
   }
-  {
-    std::unique_lock lock(imports_mutex);
-    imp->id = next_import_id++;
-    imports.emplace(imp->id, imp);
-  }
+  imports.add(imp);
   // A revoke handled from here on finds the import in the table (see
   // handle_revoke); one handled before was noted, and acknowledged at once:
   // nothing of ours can have reached the memory.
   if (guard.finish()) {
-    std::unique_lock lock(imports_mutex);
-    imports.erase(imp->id);
+    (void)imports.remove(imp->id);
     return errc::unknown_export;
   }
   return import_handle{imp->id};
 }
 
 status context::impl::unimport_buffer(import_handle handle) {
-  import_ptr imp;
-  {
-    std::unique_lock lock(imports_mutex);
-    auto it = imports.find(handle.id);
-    if (it == imports.end()) return errc::unknown_handle;
-    imp = std::move(it->second);
-    imports.erase(it);
-  }
+  import_ptr imp = imports.remove(handle.id);
+  if (!imp) return errc::unknown_handle;
   {
     std::unique_lock state(imp->state_mutex);  // waits out running locked copies
     imp->released = true;
@@ -295,21 +267,18 @@ void context::impl::handle_revoke(const peer_ptr& peer, const frame& f) {
   }
   bool owed = false;
   std::vector<import_ptr> revoked;
-  {
-    std::shared_lock lock(imports_mutex);
-    for (auto& [id, imp] : imports) {
-      if (imp->peer != peer || imp->export_id != body.export_id) continue;
-      std::unique_lock state(imp->state_mutex);  // waits out running locked copies
-      imp->revoked = true;
-      if (imp->map) imp->map->retire();  // a sender's copy cannot reach the memory now
-      if (imp->in_flight.load() > 0) {
-        imp->ack_owed = true;  // the control loop acknowledges once they drain
-        acks_owed.fetch_add(1);
-        owed = true;
-      }
-      revoked.push_back(imp);
+  imports.for_each([&](const import_ptr& imp) {
+    if (imp->peer != peer || imp->export_id != body.export_id) return;
+    std::unique_lock state(imp->state_mutex);  // waits out running locked copies
+    imp->revoked = true;
+    if (imp->map) imp->map->retire();  // a sender's copy cannot reach the memory now
+    if (imp->in_flight.load() > 0) {
+      imp->ack_owed = true;  // the control loop acknowledges once they drain
+      acks_owed.fetch_add(1);
+      owed = true;
     }
-  }
+    revoked.push_back(imp);
+  });
   if (owed) return;
   for (const import_ptr& imp : revoked) await_writes_landed(*imp);
   (void)peer->conn->write_frame(wire::frame_type::revoke_ack, &body, sizeof body);
@@ -377,8 +346,7 @@ void context::impl::peer_died(const peer_ptr& peer, const char* why) {
   VMMC_DEBUG("exporter pid %u is gone (%s)", peer->address.pid, why);
   { std::lock_guard lock(peer->reply_mutex); }
   peer->reply_cv.notify_all();
-  std::lock_guard lock(peers_mutex);
-  if (auto it = peers.find(peer->blob); it != peers.end() && it->second == peer) peers.erase(it);
+  peers.forget(peer->blob, peer.get());
 }
 
 }  // namespace vmmc::core

@@ -12,31 +12,11 @@ namespace vmmc::core {
 
 using namespace detail;
 
-void detail::keep_granted(const importer_link& link, std::vector<notification>& batch,
-                          std::size_t from) {
-  auto first = batch.begin() + static_cast<std::ptrdiff_t>(from);
-  auto kept = std::remove_if(first, batch.end(),
-                             [&](const notification& n) { return !link.may_notify(n.export_id); });
-  if (kept != batch.end())
-    VMMC_WARN("dropped %zu records for exports their importer was never granted",
-              static_cast<std::size_t>(batch.end() - kept));
-  batch.erase(kept, batch.end());
-}
-
 // A record landed in the ring of link (immediate >> 40), with endpoint lock
 // held. Records of one link arrive in order; anything else is a lying peer.
 void context::impl::on_remote_record(std::uint64_t immediate) {
   const std::uint32_t link_id = wire::immediate_link(immediate);
-  link_ptr link;
-  wire::fabric_ring* ring = nullptr;
-  {
-    std::lock_guard lock(links_mutex);
-    auto it = links_by_id.find(link_id);
-    if (it != links_by_id.end()) {
-      link = it->second;
-      ring = link->fabric_ring();
-    }
-  }
+  auto [link, ring] = links.fabric_ring_of(link_id);
   if (!ring || !wire::immediate_is(immediate, link->next_record)) {
     VMMC_WARN("dropped a notification record out of sequence (link %u)", link_id);
     if (link) link->alive = false;
@@ -48,14 +28,11 @@ void context::impl::on_remote_record(std::uint64_t immediate) {
   ++link->next_record;
   std::atomic_ref<std::uint64_t>(ring->head).store(link->next_record, std::memory_order_release);
   if (h.magic != wire::record_magic) return;
-  {
-    std::lock_guard lock(links_mutex);
-    if (!link->may_notify(h.export_id)) {
-      // A link's records name only exports it was granted (issue 13: one that
-      // imported nothing ran another export's handler and wrote into it).
-      VMMC_WARN("dropped a record for export %u its importer was never granted", h.export_id);
-      return;
-    }
+  if (!links.may_notify(*link, h.export_id)) {
+    // A link's records name only exports it was granted (issue 13: one that
+    // imported nothing ran another export's handler and wrote into it).
+    VMMC_WARN("dropped a record for export %u its importer was never granted", h.export_id);
+    return;
   }
   apply_record(h, slot + sizeof h, wire::ring_inline_max);
 }
@@ -136,13 +113,7 @@ void detail::notification_queue::lower_flag() {
 // ---- the context's side
 
 bool context::impl::notification_pending() {
-  if (notifications.nonempty()) return true;
-  std::lock_guard lock(links_mutex);
-  for (const link_ptr& link : links)
-    if (notify_ring* ring = link->ring())
-      if (ring->head.load(std::memory_order_relaxed) != ring->tail.load(std::memory_order_acquire))
-        return true;
-  return false;
+  return notifications.nonempty() || links.rings_nonempty();
 }
 
 std::size_t context::impl::poll_notifications() {
@@ -150,15 +121,7 @@ std::size_t context::impl::poll_notifications() {
   std::lock_guard dispatch(notifications.dispatch_lock());
   notifications.lower_flag();
   std::vector<notification> batch;
-  {
-    std::lock_guard lock(links_mutex);
-    for (const link_ptr& link : links) {
-      const std::size_t from = batch.size();
-      if (notify_ring* ring = link->ring(); ring && !drain_ring(*ring, batch))
-        link->alive = false;  // stop reading a corrupt producer
-      keep_granted(*link, batch, from);
-    }
-  }
+  links.drain_rings(batch);
   if (batch.empty())
     for (auto& e : endpoints())
       if (e->in_use()) e->try_progress();
