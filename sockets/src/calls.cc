@@ -543,16 +543,28 @@ int shutdown(int fd, int how) {
   if (how != SHUT_RD && !s->write_shut.load()) {
     // As the kernel's: a writer blocked for space (a stopped reader) returns
     // at once with EPIPE or its count, rather than holding the lock we need.
+    // Marked first: from here no hello is placed, and a direction still on
+    // TCP ends there.
     s->write_shut.store(true);
     if (s->chan) s->chan->stop_writing();
-    std::lock_guard lock(s->write_mutex);
-    if (s->out_reverted.load()) return ::shutdown(fd, SHUT_WR);
+    // A writer in the kernel's send (our direction on TCP, its reader
+    // stopped) keeps the lock until the reader reads: the kernel's shutdown
+    // sends it back, as it would without us.
+    bool tcp_ended = false;
+    std::unique_lock lock(s->write_mutex, std::defer_lock);
+    while (!lock.try_lock_for(std::chrono::milliseconds(1)))
+      if (!tcp_ended && s->sending_on_tcp.load()) {
+        if (::shutdown(fd, SHUT_WR) != 0) return -1;
+        tcp_ended = true;
+      }
+    auto end_tcp = [&] { return tcp_ended ? 0 : ::shutdown(fd, SHUT_WR); };
+    if (s->out_reverted.load()) return end_tcp();
     if (s->out_switched.load()) {
       // The TCP connection stays open: it still carries our doorbells.
       end_writes_in_channel(*s);
     } else {
       s->hello_pending.store(false);  // this direction ends on TCP
-      return ::shutdown(fd, SHUT_WR);
+      return end_tcp();
     }
   }
   return 0;

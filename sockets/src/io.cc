@@ -418,9 +418,18 @@ ssize_t transmit(stream& s, const void* buffer, size_t length, int flags, bool r
 
   std::lock_guard lock(s.write_mutex);
   answer_revert_locked(s);
-  if (s.out_reverted.load()) return kernel_write(s.fd, buffer, length, flags, rw);
+  struct on_tcp {  // see stream::sending_on_tcp
+    std::atomic<bool>& sending;
+    explicit on_tcp(stream& s) : sending(s.sending_on_tcp) { sending.store(true); }
+    ~on_tcp() { sending.store(false); }
+  };
+  if (s.out_reverted.load()) {
+    on_tcp sending(s);
+    return kernel_write(s.fd, buffer, length, flags, rw);
+  }
   if (peer_ready(s)) place_hello_locked(s);
   if (!s.out_switched.load()) {
+    on_tcp sending(s);
     if (!flush_answer(s, wants_no_wait(s, flags))) return -1;
     ssize_t n = ::send(s.fd, buffer, length, flags);
     if (n > 0) s.tcp_out += static_cast<std::uint64_t>(n);

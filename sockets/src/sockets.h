@@ -139,6 +139,10 @@ struct stream {
   // out_switched once the hello is placed: writes go to the channel.
   std::atomic<std::uint64_t> tcp_out{0};
   std::atomic<bool> out_switched{false};
+  // A writer holding write_mutex sits in the kernel's send (our writes still
+  // on TCP, or reverted): it stays there while the reader is stopped, and
+  // only the kernel's shutdown, not our lock, can send it back.
+  std::atomic<bool> sending_on_tcp{false};
   // TCP_NODELAY as the application set it (the kernel default is off). Once
   // a direction switched, the kernel's stays on for our doorbells.
   std::atomic<bool> app_nodelay{false};
