@@ -429,9 +429,12 @@ ssize_t transmit(stream& s, const void* buffer, size_t length, int flags, bool r
   }
   if (peer_ready(s)) place_hello_locked(s);
   if (!s.out_switched.load()) {
-    on_tcp sending(s);
-    if (!flush_answer(s, wants_no_wait(s, flags))) return -1;
-    ssize_t n = ::send(s.fd, buffer, length, flags);
+    ssize_t n;
+    {
+      on_tcp sending(s);
+      if (!flush_answer(s, wants_no_wait(s, flags))) return -1;
+      n = ::send(s.fd, buffer, length, flags);
+    }
     if (n > 0) s.tcp_out += static_cast<std::uint64_t>(n);
     // A hello that became due while we wrote goes now, with the final count.
     if (peer_ready(s)) place_hello_locked(s);
