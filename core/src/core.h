@@ -6,9 +6,9 @@
 //   segment, notify_ring, wake_page  segment.cc      (memfd-backed shared memory)
 //   fabric_endpoint, op ............ fabric.h, fabric.cc (one libfabric provider)
 //   export_table, segment_table .... exports.h, exports.cc
-//   import_table, peer_table ....... imports.h, imports.cc
+//   peer_table ..................... imports.h, imports.cc
 //   link_table ..................... links.h, links.cc (importers and grants)
-//   request_table .................. requests.h
+//   id_table (imports, requests) ... id_table.h
 //   notification_queue ............. notifications.h, notify.cc
 //   context::impl .................. context.cc (lifecycle), export.cc,
 //                                    import.cc, rma.cc, notify.cc,
@@ -40,10 +40,10 @@
 
 #include "exports.h"
 #include "fabric.h"
+#include "id_table.h"
 #include "imports.h"
 #include "links.h"
 #include "notifications.h"
-#include "requests.h"
 #include "unique_fd.h"
 #include "vmmc/core/context.h"
 #include "vmmc/core/reg_cache.h"
@@ -560,7 +560,7 @@ class context::impl {
   detail::unique_fd unix_listener;
 
   // The model's tables, each with its own lock (exports.h, imports.h,
-  // links.h, requests.h, notifications.h). Nested only as: an endpoint's
+  // links.h, id_table.h, notifications.h). Nested only as: an endpoint's
   // lock (progress landing a record), then the links' or the exports'; the
   // links', then a connection's (a frame written under it).
   detail::export_table exports;
@@ -569,7 +569,7 @@ class context::impl {
   detail::peer_table peers;  // exporters we are connected to, by address blob
   std::atomic<std::uint64_t> next_import_request{1};  // ids of import requests on the wire
   detail::link_table links;                           // importers connected to us, and their grants
-  detail::request_table requests;
+  detail::id_table<detail::op> requests;              // asynchronous, until reported
   detail::notification_queue notifications;
 
   std::thread control_thread;

@@ -220,7 +220,7 @@ result<import_handle> context::impl::import_buffer(std::string_view peer_blob,
     imp->remote_address = r.remote_address;
     imp->key = r.key;
   }
-  imports.add(imp);
+  imports.add(imp, [](import_entry& i, std::uint64_t id) { i.id = id; });
   // A revoke handled from here on finds the import in the table (see
   // handle_revoke); one handled before was noted, and acknowledged at once:
   // nothing of ours can have reached the memory.

@@ -1,37 +1,9 @@
-// import_table and peer_table (imports.h).
+// peer_table (imports.h).
 #include "imports.h"
 
 #include "core.h"
 
 namespace vmmc::core::detail {
-
-std::uint64_t import_table::add(const std::shared_ptr<import_entry>& imp) {
-  std::unique_lock lock(mutex_);
-  imp->id = next_id_++;
-  by_id_.emplace(imp->id, imp);
-  return imp->id;
-}
-
-std::shared_ptr<import_entry> import_table::find(std::uint64_t id) const {
-  std::shared_lock lock(mutex_);
-  auto it = by_id_.find(id);
-  return it == by_id_.end() ? nullptr : it->second;
-}
-
-std::shared_ptr<import_entry> import_table::remove(std::uint64_t id) {
-  std::unique_lock lock(mutex_);
-  auto it = by_id_.find(id);
-  if (it == by_id_.end()) return nullptr;
-  std::shared_ptr<import_entry> imp = std::move(it->second);
-  by_id_.erase(it);
-  return imp;
-}
-
-void import_table::clear() {
-  std::unordered_map<std::uint64_t, std::shared_ptr<import_entry>> gone;
-  std::unique_lock lock(mutex_);
-  gone.swap(by_id_);
-}
 
 peer_table::peer_ptr peer_table::find_live(const std::string& blob) {
   std::lock_guard lock(mutex_);

@@ -1,42 +1,23 @@
-// What a context imported, and the exporters it is connected to (one
-// remote_peer per address, whose control connection carries the imports'
-// requests). Each table has its own lock; neither calls out while holding
-// it, but import_table::for_each's callback, which may lock an import.
+// What a context imported (id_table.h), and the exporters it is connected
+// to (one remote_peer per address, whose control connection carries the
+// imports' requests). Each table has its own lock.
 #pragma once
 
-#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <shared_mutex>
 #include <string>
-#include <unordered_map>
 #include <vector>
+
+#include "id_table.h"
 
 namespace vmmc::core::detail {
 
 struct import_entry;
 struct remote_peer;
 
-class import_table {
- public:
-  // Files `imp` under a new id (set in it); returns the id.
-  std::uint64_t add(const std::shared_ptr<import_entry>& imp);
-  std::shared_ptr<import_entry> find(std::uint64_t id) const;
-  std::shared_ptr<import_entry> remove(std::uint64_t id);  // null: none
-  // `f(import_entry&)` for every import, under the table's shared lock.
-  template <class F>
-  void for_each(F&& f) const {
-    std::shared_lock lock(mutex_);
-    for (const auto& [id, imp] : by_id_) f(imp);
-  }
-  void clear();
-
- private:
-  mutable std::shared_mutex mutex_;
-  std::unordered_map<std::uint64_t, std::shared_ptr<import_entry>> by_id_;
-  std::uint64_t next_id_ = 1;
-};
+// What a context imported, by id (import_handle).
+using import_table = id_table<import_entry>;
 
 class peer_table {
  public:

@@ -1,5 +1,5 @@
 // unit.core.tables: the tables context::impl is made of (core/src/exports.h,
-// links.h, requests.h), each with its own lock, by their contracts: a name
+// links.h, id_table.h), each with its own lock, by their contracts: a name
 // is taken once, ids are never reused, and an export's withdrawal waits for
 // the importers that may still write into it, and for no one else.
 #include <gtest/gtest.h>
@@ -18,7 +18,6 @@ using core::detail::export_entry;
 using core::detail::export_table;
 using core::detail::importer_link;
 using core::detail::link_table;
-using core::detail::request_table;
 
 std::shared_ptr<export_entry> entry(const char* name) {
   auto e = std::make_shared<export_entry>();
@@ -43,12 +42,21 @@ TEST(Tables, AnExportNameIsTakenOnceAndFreedByTheWithdrawal) {
 }
 
 TEST(Tables, ARequestIsFoundUntilItIsReportedAndItsIdNeverComesBack) {
-  request_table t;
+  core::detail::id_table<core::detail::op> t;
   const std::uint64_t first = t.add(std::make_shared<core::detail::op>());
   EXPECT_NE(t.find(first), nullptr);
   t.remove(first);
   EXPECT_EQ(t.find(first), nullptr);
   EXPECT_NE(t.add(std::make_shared<core::detail::op>()), first);
+  // An import records its id before another thread can find it.
+  core::detail::id_table<core::detail::import_entry> imports;
+  auto imp = std::make_shared<core::detail::import_entry>();
+  const std::uint64_t id =
+      imports.add(imp, [](core::detail::import_entry& i, std::uint64_t given) { i.id = given; });
+  EXPECT_EQ(imp->id, id);
+  EXPECT_EQ(imports.find(id), imp);
+  EXPECT_EQ(imports.remove(id), imp);
+  EXPECT_EQ(imports.remove(id), nullptr);
 }
 
 // A link over one end of a socket pair; the test holds the other.
