@@ -4,8 +4,14 @@
 // the server speaks first, the client speaks first, or only one side writes;
 // blocking and non-blocking connect. The kernel peer must receive exactly the
 // bytes sent (no stray handshake bytes, EOF right after them), and the vmmc end
-// must report that it fell back to plain TCP.
+// must report that it fell back to plain TCP. And a client that changes its
+// user: its connections stay kernel TCP for at most 64 sockets, then are
+// accelerated again.
+#include <grp.h>
 #include <signal.h>
+#include <unistd.h>
+
+#include <thread>
 
 #include "integration/sockets/support.h"
 
@@ -174,6 +180,93 @@ TEST_P(Fallback, OnlyTheClientWrites) {
 }
 TEST_P(Fallback, OnlyTheServerWrites) {
   run("server_only");
+}
+
+// A client that changes its user (a daemon that starts as root and drops to
+// its own) enters its sockets in the table of the user it was until it looks
+// again: geteuid() at its first socket and every 64th after it (a system call
+// per socket would cost what a connection's set-up saves). The server looks
+// for them in the new user's table, so until then they stay kernel TCP,
+// correct but slow; after it every connection is accelerated again.
+constexpr uid_t nobody = 65534;
+// Some before, so that the change comes between two looks.
+constexpr int connections_before_the_change = 10;
+constexpr int connections_after_the_change = 80;
+constexpr int rounds_per_connection = 20;  // a byte each way, until the channel is there
+
+const peer_role user_changing_client("user_changing_client", [](peer_context& p) {
+  const api& a = p.io();
+  // Connects to the parent, trades a byte each way, and says whether the
+  // connection is accelerated ("" when it is, else why not).
+  auto converse_once = [&]() -> std::optional<std::string> {
+    int fd = p.connect_to_parent();
+    if (fd < 0) return std::nullopt;
+    char byte = 'u';
+    std::optional<std::string> verdict;
+    bool traded = true;
+    for (int round = 0; round < rounds_per_connection && traded; ++round)
+      traded = write_all(a, fd, &byte, 1) && read_full(a, fd, &byte, 1) == 1;
+    if (!traded)
+      p.fail(std::string("conversation: ") + std::strerror(errno));
+    else
+      verdict = check_accelerated(a, fd);
+    a.close(fd);
+    return verdict;
+  };
+  for (int i = 0; i < connections_before_the_change; ++i) {
+    auto as_root = converse_once();
+    if (!as_root) return 1;
+    if (!p.expect(as_root->empty() ? "" : "as root: " + *as_root)) return 1;
+  }
+  if (::setgroups(0, nullptr) != 0 || ::setresgid(nobody, nobody, nobody) != 0 ||
+      ::setresuid(nobody, nobody, nobody) != 0) {
+    p.fail("could not become nobody");
+    return 1;
+  }
+  int first_accelerated = -1;
+  for (int i = 1; i <= connections_after_the_change; ++i) {
+    auto verdict = converse_once();
+    if (!verdict) return 1;
+    if (verdict->empty() && first_accelerated < 0) first_accelerated = i;
+    if (!verdict->empty() && first_accelerated >= 0)
+      p.fail("connection " + std::to_string(i) + " after the change: " + *verdict);
+  }
+  p.say("first_accelerated " + std::to_string(first_accelerated));
+  return 0;
+});
+
+TEST(ChangeOfUser, AClientThatDropsRootIsAcceleratedAgainWithinSixtyFourSockets) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to become another user";
+  const api& a = vmmc_api;
+  int port = 0;
+  int listener = listen_loopback(a, &port);
+  ASSERT_GE(listener, 0) << std::strerror(errno);
+  peer client("user_changing_client", a, {std::to_string(port)}, 30s);
+  int served = 0;
+  for (; served < connections_before_the_change + connections_after_the_change; ++served) {
+    int fd = accept_within(a, listener);
+    if (fd < 0) break;
+    char byte = 0;
+    for (int round = 0; round < rounds_per_connection; ++round) {
+      EXPECT_EQ(read_full(a, fd, &byte, 1), 1) << "connection " << served;
+      EXPECT_TRUE(write_all(a, fd, &byte, 1)) << "connection " << served;
+    }
+    std::string rest;
+    EXPECT_EQ(read_to_eof(a, fd, rest), 0) << "connection " << served;
+    a.close(fd);
+  }
+  a.close(listener);
+  EXPECT_EQ(served, connections_before_the_change + connections_after_the_change)
+      << std::strerror(errno);
+  if (served == connections_before_the_change + connections_after_the_change) {
+    // One socket per connection: the 64th entered after the change at the
+    // latest finds the new user.
+    const long long first = client.read_value("first_accelerated");
+    std::cout << "first accelerated connection after the change: " << first << "\n";
+    EXPECT_GE(first, 1);
+    EXPECT_LE(first, 64);
+  }
+  EXPECT_EQ(client.wait(), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(pairings, Fallback, testing::ValuesIn(pairings),
