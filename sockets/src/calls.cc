@@ -469,6 +469,7 @@ int close_range(unsigned int first, unsigned int last, int flags) {
     for (int fd : descriptors())
       if (static_cast<unsigned>(fd) >= first && static_cast<unsigned>(fd) <= last)
         vmmc::sockets::close(fd);
+    forget_epoll_sets(first, last);
     presence::descriptors_closing(first, last);
   }
   return ::close_range(first, last, flags);
@@ -477,8 +478,10 @@ int close_range(unsigned int first, unsigned int last, int flags) {
 int dup(int fd) {
   detail::api_call entered;
   int copy = ::dup(fd);
-  if (copy >= 0)
+  if (copy >= 0) {
     if (stream_ptr s = find(fd)) alias(copy, s);
+    duplicated_epoll_set(fd, copy);
+  }
   return copy;
 }
 
@@ -490,7 +493,7 @@ int dup3(int fd, int target, int flags) {
   if (target >= 0) presence::descriptors_closing(target, target);
   int r = ::dup3(fd, target, flags);
   if (r >= 0 && s) alias(target, s);
-  forget_epoll_set(target);
+  if (r >= 0) duplicated_epoll_set(fd, target);  // or forgets a set `target` named
   return r;
 }
 
@@ -612,8 +615,10 @@ int fcntl(int fd, int command, long argument) {
   int r = ::fcntl(fd, command, argument);
   if (r >= 0 && command == F_SETFL)
     if (stream_ptr s = find(fd)) s->nonblocking.store(argument & O_NONBLOCK);
-  if (r >= 0 && (command == F_DUPFD || command == F_DUPFD_CLOEXEC))
+  if (r >= 0 && (command == F_DUPFD || command == F_DUPFD_CLOEXEC)) {
     if (stream_ptr s = find(fd)) alias(r, s);
+    duplicated_epoll_set(fd, r);
+  }
   return r;
 }
 

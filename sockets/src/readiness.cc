@@ -361,8 +361,13 @@ bool tagged(std::uint64_t data) {
 
 // Outside the anonymous namespace: streams that a set holds refer to it.
 struct detail::epoll_set {
-  explicit epoll_set(int fd) : epfd(fd) {}
-  const int epfd;
+  explicit epoll_set(int fd) : epfd(fd), numbers{fd} {}
+  // A descriptor of the set's epoll instance. The program may dup() it and
+  // close the first: closing one of several moves this to another
+  // (forget_epoll_set).
+  std::atomic<int> epfd;
+  int descriptor() const { return epfd.load(std::memory_order_relaxed); }
+  std::vector<int> numbers;  // every descriptor of it; under epoll_sets.writer()
   std::mutex mutex;
   std::unordered_map<int, interest> members;
   std::atomic<std::size_t> member_count{0};  // members.size(), read without the lock
@@ -435,11 +440,29 @@ std::shared_ptr<epoll_set> find_set(int epfd) {
   return epoll_sets.find(epfd);
 }
 
+// Under epoll_sets.writer(): `fd` no longer names `set`.
+void drop_number_locked(epoll_set& set, int fd) {
+  std::erase(set.numbers, fd);
+  if (set.descriptor() == fd && !set.numbers.empty())
+    set.epfd.store(set.numbers.front(), std::memory_order_relaxed);
+}
+
+// Under epoll_sets.writer(): `fd` names `set` from now (a set made, or a
+// duplicate of one); a set it named before, closed unseen, loses it.
+std::shared_ptr<epoll_set> name_set_locked(int fd, std::shared_ptr<epoll_set> set) {
+  if (set) set->numbers.push_back(fd);
+  auto before = epoll_sets.exchange_locked(fd, std::move(set));
+  if (before) drop_number_locked(*before, fd);
+  return before;  // destroyed by the caller, outside the lock
+}
+
 int track_set(int epfd) {
   if (epfd < 0) return epfd;
+  std::shared_ptr<epoll_set> before;  // a set closed unseen, destroyed outside the lock
   auto set = std::make_shared<epoll_set>(epfd);
   std::lock_guard lock(epoll_sets.writer());
-  set = epoll_sets.exchange_locked(epfd, std::move(set));  // a set closed unseen
+  before = epoll_sets.exchange_locked(epfd, std::move(set));
+  if (before) drop_number_locked(*before, epfd);
   return epfd;
 }
 
@@ -461,7 +484,8 @@ std::uint32_t kernel_events_for(stream* s, std::uint32_t user_events) {
 // stream: then the descriptor is open, and its number is not some other
 // file's that the caller may have added.
 void forget_wait_fd(epoll_set& set, interest& in) {
-  if (in.wait_fd >= 0 && in.stream) (void)::epoll_ctl(set.epfd, EPOLL_CTL_DEL, in.wait_fd, nullptr);
+  if (in.wait_fd >= 0 && in.stream)
+    (void)::epoll_ctl(set.descriptor(), EPOLL_CTL_DEL, in.wait_fd, nullptr);
   in.wait_fd = -1;
 }
 
@@ -484,7 +508,8 @@ redirect::wake_by watch_wait_fd(epoll_set& set, int fd, interest& in, stream& s)
     e.data.u64 = wake_tag | static_cast<std::uint32_t>(fd);
     // EEXIST: another member (a duplicate of the descriptor) registered it;
     // it takes it out when it goes, so this one keeps the doorbell.
-    if (::epoll_ctl(set.epfd, EPOLL_CTL_ADD, wait_fd, &e) != 0) return redirect::wake_by::doorbell;
+    if (::epoll_ctl(set.descriptor(), EPOLL_CTL_ADD, wait_fd, &e) != 0)
+      return redirect::wake_by::doorbell;
     in.wait_fd = wait_fd;
   }
   return redirect::wake_by::wait_fd;
@@ -504,7 +529,7 @@ std::uint32_t member_events(epoll_set& set, int fd, interest& in, std::uint32_t 
   if (std::uint32_t k = kernel_events_for(s, wanted); k != in.kernel_events) {
     epoll_event mod{k, {}};
     mod.data.u64 = member_tag | static_cast<std::uint32_t>(fd);
-    if (::epoll_ctl(set.epfd, EPOLL_CTL_MOD, fd, &mod) == 0) in.kernel_events = mod.events;
+    if (::epoll_ctl(set.descriptor(), EPOLL_CTL_MOD, fd, &mod) == 0) in.kernel_events = mod.events;
   }
   if (ev == 0) return 0;
   if (wanted & EPOLLET) {
@@ -552,8 +577,8 @@ int translate(epoll_set& set, epoll_event* events, int got, std::uint64_t round)
 // the caller waits our way for what is left.
 std::optional<int> wait_in_kernel(epoll_set& set, epoll_event* events, int max_events,
                                   int timeout_ms, const sigset_t* mask) {
-  const int got = mask ? ::epoll_pwait(set.epfd, events, max_events, timeout_ms, mask)
-                       : ::epoll_wait(set.epfd, events, max_events, timeout_ms);
+  const int got = mask ? ::epoll_pwait(set.descriptor(), events, max_events, timeout_ms, mask)
+                       : ::epoll_wait(set.descriptor(), events, max_events, timeout_ms);
   if (got <= 0 ||
       std::none_of(events, events + got, [](const epoll_event& e) { return tagged(e.data.u64); }))
     return got;
@@ -589,7 +614,7 @@ int collect(epoll_set& set, epoll_event* events, int max_events, int timeout_ms)
     skip_kernel = timeout_ms == 0 && set.rounds_without_kernel > 0 && set.rounds_without_kernel < 4;
     if (!skip_kernel) set.rounds_without_kernel = 0;
   }
-  if (!skip_kernel) got = ::epoll_wait(set.epfd, events, max_events, timeout_ms);
+  if (!skip_kernel) got = ::epoll_wait(set.descriptor(), events, max_events, timeout_ms);
   if (got < 0) return -1;
 
   std::lock_guard lock(set.mutex);
@@ -714,7 +739,7 @@ void detail::epoll_members_from_now(stream& s) {
     k.data.u64 = member_tag | static_cast<std::uint32_t>(h.fd);
     set->member_count.store(set->members.size() + 1, std::memory_order_release);
     // Fails if the program took it out of the set (EPOLL_CTL_DEL) meanwhile.
-    if (::epoll_ctl(set->epfd, EPOLL_CTL_MOD, h.fd, &k) == 0) {
+    if (::epoll_ctl(set->descriptor(), EPOLL_CTL_MOD, h.fd, &k) == 0) {
       interest& in = set->members[h.fd];
       in.stream = std::move(same);
       in.user = h.user;
@@ -729,7 +754,26 @@ void detail::forget_epoll_set(int fd) {
   if (!may_be_set(fd)) return;
   std::shared_ptr<epoll_set> gone;  // destroyed outside the lock
   std::lock_guard lock(epoll_sets.writer());
-  gone = epoll_sets.exchange_locked(fd, nullptr);
+  gone = name_set_locked(fd, nullptr);
+}
+
+void detail::forget_epoll_sets(unsigned first, unsigned last) {
+  std::vector<std::shared_ptr<epoll_set>> gone;  // destroyed outside the lock
+  std::lock_guard lock(epoll_sets.writer());
+  std::vector<int> in_range;
+  epoll_sets.for_each_locked([&](int fd, const std::shared_ptr<epoll_set>&) {
+    if (static_cast<unsigned>(fd) >= first && static_cast<unsigned>(fd) <= last)
+      in_range.push_back(fd);
+  });
+  for (int fd : in_range) gone.push_back(name_set_locked(fd, nullptr));
+}
+
+void detail::duplicated_epoll_set(int fd, int copy) {
+  if (copy < 0 || fd == copy || (!may_be_set(fd) && !may_be_set(copy))) return;
+  std::shared_ptr<epoll_set> gone;
+  std::lock_guard lock(epoll_sets.writer());
+  std::shared_ptr<epoll_set> set = epoll_sets.find(fd);
+  gone = name_set_locked(copy, std::move(set));
 }
 
 int epoll_create(int size) {

@@ -421,7 +421,9 @@ void stat_before_exec();   // rows made whole (their inodes) for a reader after 
 void stat_context_ready();
 
 // --- readiness.cc
-void forget_epoll_set(int fd);
+void forget_epoll_set(int fd);                          // `fd` closed
+void forget_epoll_sets(unsigned first, unsigned last);  // a range closed
+void duplicated_epoll_set(int fd, int copy);            // `copy` names what `fd` does
 
 // --- io.cc
 // The kernel ended the TCP connection under the stream (a reset, a

@@ -40,6 +40,8 @@ struct api {
   decltype(&vs::sendmsg) sendmsg;
   decltype(&vs::shutdown) shutdown;
   decltype(&vs::close) close;
+  decltype(&vs::dup) dup;
+  decltype(&vs::dup2) dup2;
   decltype(&vs::getsockopt) getsockopt;
   decltype(&vs::setsockopt) setsockopt;
   decltype(&vs::getsockname) getsockname;
@@ -72,6 +74,8 @@ inline const api kernel_api{
     .sendmsg = ::sendmsg,
     .shutdown = ::shutdown,
     .close = ::close,
+    .dup = ::dup,
+    .dup2 = ::dup2,
     .getsockopt = ::getsockopt,
     .setsockopt = ::setsockopt,
     .getsockname = ::getsockname,
@@ -105,6 +109,8 @@ inline const api vmmc_api{
     .sendmsg = vs::sendmsg,
     .shutdown = vs::shutdown,
     .close = vs::close,
+    .dup = vs::dup,
+    .dup2 = vs::dup2,
     .getsockopt = vs::getsockopt,
     .setsockopt = vs::setsockopt,
     .getsockname = vs::getsockname,

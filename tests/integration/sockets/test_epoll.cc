@@ -2,7 +2,8 @@
 // processes, both on edge-triggered epoll. The server accepts with accept4
 // (SOCK_NONBLOCK), reads until EAGAIN and echoes; the client opens every
 // connection with a non-blocking connect, waits for EPOLLOUT, checks SO_ERROR,
-// and sends a few messages on each, verifying every echoed byte.
+// and sends a few messages on each, verifying every echoed byte. And a set
+// used through copies of its descriptor.
 #include <signal.h>
 #include <sys/epoll.h>
 
@@ -263,6 +264,69 @@ TEST_P(Epoll, ThousandConnectionsEchoEdgeTriggered) {
   EXPECT_EQ(server.wait(10s), 0);
   if (a.vmmc)
     std::printf("[ epoll    ] %d of %d connections accelerated\n", accelerated, connections);
+}
+
+// A program may duplicate an epoll descriptor (dup, dup2, fcntl F_DUPFD)
+// and wait on the copy, or close the first and keep the copy: every
+// descriptor of the set reports the program's own data for an accelerated
+// stream, as the kernel would. (The copies were not known as the set: a
+// wait on one returned our internal tags as the program's data.)
+TEST_P(Epoll, EveryDuplicateOfASetReportsTheProgramsData) {
+  const api& a = io();
+  socket_pair c = connect_pair(a);
+  ASSERT_GE(c.server, 0) << std::strerror(errno);
+  char byte = 'd';
+  for (int round = 0; round < 20; ++round) {  // until the channel is there
+    ASSERT_TRUE(write_all(a, c.client, &byte, 1));
+    ASSERT_EQ(read_full(a, c.server, &byte, 1), 1);
+    ASSERT_TRUE(write_all(a, c.server, &byte, 1));
+    ASSERT_EQ(read_full(a, c.client, &byte, 1), 1);
+  }
+  EXPECT_EQ(check_accelerated(a, c.server), "");
+  constexpr std::uint64_t data = 0x5e7da7a;
+  int first = a.epoll_create1(EPOLL_CLOEXEC);
+  ASSERT_GE(first, 0);
+  epoll_event e{};
+  e.events = EPOLLIN;
+  e.data.u64 = data;
+  ASSERT_EQ(a.epoll_ctl(first, EPOLL_CTL_ADD, c.server, &e), 0) << std::strerror(errno);
+  // Each wait finds the byte the client sent, then reads it.
+  auto reports_data = [&](int ep) -> std::string {
+    if (!write_all(a, c.client, &byte, 1)) return std::string("write: ") + std::strerror(errno);
+    epoll_event got[4]{};
+    int n = a.epoll_wait(ep, got, 4, 5000);
+    if (n != 1) return "epoll_wait returned " + std::to_string(n);
+    if (got[0].data.u64 != data || !(got[0].events & EPOLLIN))
+      return "reported data " + std::to_string(got[0].data.u64) + ", events " +
+             std::to_string(got[0].events);
+    if (read_full(a, c.server, &byte, 1) != 1) return "read failed";
+    return "";
+  };
+  EXPECT_EQ(reports_data(first), "");
+  int copy = a.dup(first);
+  ASSERT_GE(copy, 0);
+  EXPECT_EQ(reports_data(copy), "") << "dup";
+  int high = a.fcntl(copy, F_DUPFD_CLOEXEC, 200);
+  ASSERT_GE(high, 200);
+  EXPECT_EQ(reports_data(high), "") << "F_DUPFD_CLOEXEC";
+  // The first closed: its copies go on.
+  ASSERT_EQ(a.close(first), 0);
+  EXPECT_EQ(reports_data(copy), "") << "dup, the first closed";
+  // dup2 over another set's descriptor: the number now names this set.
+  int other = a.epoll_create1(EPOLL_CLOEXEC);
+  ASSERT_GE(other, 0);
+  ASSERT_EQ(a.dup2(high, other), other);
+  ASSERT_EQ(a.close(high), 0);
+  ASSERT_EQ(a.close(copy), 0);
+  EXPECT_EQ(reports_data(other), "") << "dup2 over another set, every other copy closed";
+  // Changes through a copy are the set's.
+  ASSERT_EQ(a.epoll_ctl(other, EPOLL_CTL_DEL, c.server, nullptr), 0) << std::strerror(errno);
+  ASSERT_TRUE(write_all(a, c.client, &byte, 1));
+  epoll_event got{};
+  EXPECT_EQ(a.epoll_wait(other, &got, 1, 100), 0);
+  a.close(other);
+  a.close(c.client);
+  a.close(c.server);
 }
 
 VMMC_INSTANTIATE_FOR_APIS(Epoll);
