@@ -42,6 +42,13 @@ constexpr auto plain_spin = std::chrono::microseconds(5);
 // each cost 40% of their calls), while behind a busy loop every third or
 // so takes 4 ms (the others return at once: the loop's slice put it behind).
 constexpr auto costly_yield = std::chrono::microseconds(500);
+// While yields are costly, a waiter whose peer may run on another CPU
+// spins plainly, but no longer than a sleep and its wake-up cost: the
+// answer comes within microseconds while the peer runs, and not before a
+// busy loop's time slice ends when it does not (blocking 64 B ping-pong
+// beside two busy loops on 2 cores, 4 runs of 2 s: 1.2-1.4 us spinning at
+// most 10 us, 1.1-6.7 at most 200; kernel TCP 3.8-16.5).
+constexpr auto busy_spin_most = std::chrono::microseconds(10);
 constexpr auto costly_average = std::chrono::microseconds(100);
 constexpr int average_over = 64;  // yields, about
 // Without yields the average does not move: this long after the last costly
@@ -98,7 +105,12 @@ bool busy_machine(std::int64_t now) {
   if (now - at >= nanoseconds(busy_sample_every).count() &&
       busy_sampled_at.compare_exchange_strong(at, now, std::memory_order_relaxed)) {
     static const long cpus = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
-    machine_busy.store(runnable_threads() > cpus, std::memory_order_relaxed);
+    // Two samples in a row: a kernel thread or a short job that runs beside
+    // two peers that spin would make a quiet machine look busy.
+    static std::atomic<bool> last_sample{false};
+    const bool crowded = runnable_threads() > cpus;
+    machine_busy.store(crowded && last_sample.exchange(crowded, std::memory_order_relaxed),
+                       std::memory_order_relaxed);
   }
   return machine_busy.load(std::memory_order_relaxed);
 }
@@ -121,6 +133,61 @@ void timed_yield() {
   const std::int64_t average = yield_average.load(std::memory_order_relaxed);
   yield_average.store(average + (took - average) / average_over, std::memory_order_relaxed);
 }
+
+// While the machine has more runnable threads than CPUs, whether a wait
+// should spin at all depends on who those threads are, which nothing cheap
+// tells: peers that answer (four vRPC client threads and their server on 2
+// cores: 455-525k calls/s spinning, 107-154k sleeping at once), or loops
+// that compute, beside which a spinner may hold the very CPU its peer was
+// woken onto. So each thread tries both, a while each, and keeps the one
+// under which its waits ended sooner, until it tries again. Trials are
+// short beside what is kept, and what is kept again and again is kept
+// longer: a thread whose choice was right loses little to the other's trial.
+constexpr auto trial_length = std::chrono::milliseconds(20);
+constexpr auto keep_length = std::chrono::milliseconds(400);
+constexpr unsigned keep_doublings = 4;    // 6.4 s at most
+constexpr std::int64_t trial_waits = 16;  // fewer: the trial says nothing
+
+struct crowd_trial {
+  enum : std::uint8_t { trying_spins, trying_sleeps, keeping } stage = keeping;
+  bool sleep_kept = false;
+  unsigned same_choices = 0;  // in a row, before this one
+  std::int64_t stage_ends = INT64_MIN / 2;
+  std::int64_t waited_ns[2] = {0, 0}, waits[2] = {0, 0};  // [slept at once]
+
+  // Whether a wait starting now sleeps at once.
+  bool sleep_first(std::int64_t now) {
+    if (now >= stage_ends) {
+      switch (stage) {
+        case trying_spins:
+          stage = trying_sleeps;
+          break;
+        case trying_sleeps: {
+          // Compared as means, without dividing: a*d < c*b.
+          const bool decided = waits[0] >= trial_waits && waits[1] >= trial_waits;
+          const bool sleep = decided && waited_ns[1] * waits[0] < waited_ns[0] * waits[1];
+          same_choices = sleep == sleep_kept ? std::min(same_choices + 1, keep_doublings) : 0;
+          sleep_kept = sleep;
+          stage = keeping;
+          break;
+        }
+        case keeping:
+          stage = trying_spins;
+          break;
+      }
+      if (stage == trying_spins) waited_ns[0] = waited_ns[1] = waits[0] = waits[1] = 0;
+      stage_ends = now + (stage == keeping ? nanoseconds(keep_length).count() << same_choices
+                                           : nanoseconds(trial_length).count());
+    }
+    return stage == trying_sleeps || (stage == keeping && sleep_kept);
+  }
+  void count(bool slept_first, nanoseconds took) {
+    if (stage == keeping) return;
+    waited_ns[slept_first] += took.count();
+    ++waits[slept_first];
+  }
+};
+[[gnu::tls_model("initial-exec")]] thread_local crowd_trial crowd;
 
 // Whether a plain spin can be answered: the peer may run beside us. The
 // thread's CPU set is looked at again every few milliseconds (a system call
@@ -145,6 +212,10 @@ std::chrono::microseconds spin_limit() {
 
 bool yields_are_costly() {
   return yields_costly(ticks());
+}
+
+bool machine_is_crowded() {
+  return busy_machine(ticks());
 }
 
 std::chrono::nanoseconds thread_spin_budget() {
@@ -179,14 +250,22 @@ void spinner::woke() noexcept {
 
 void spinner::begin_spin(clock::time_point now) noexcept {
   spent_ = false;
-  const bool costly = yields_costly(ticks(now));
+  const std::int64_t at = ticks(now);
+  const bool costly = yields_costly(at);
   no_yields_ = costly && plain_;
-  forced_ = costly && !plain_;
+  forced_ = costly && !no_yields_;
+  // Decided once per wait, at its start (a wake-up does not change it).
+  if (sleeps_ == 0) {
+    crowded_ = may_sleep_ && !forced_ && busy_machine(at);
+    crowded_sleep_ = crowded_ && crowd.sleep_first(at);
+  }
+  forced_ = forced_ || crowded_sleep_;
   // Each sleep of one wait halves its next spin: a wait that keeps sleeping
   // (a peer that stopped, a provider without a wait descriptor that naps in
   // short slices) must not spin at every wake-up.
   budget_ = forced_ ? nanoseconds(0)
                     : std::min(most_, nanoseconds(thread_budget_ns >> std::min(sleeps_, 30u)));
+  if (no_yields_) budget_ = std::min<nanoseconds>(budget_, busy_spin_most);
   spin_until_ = now + budget_;
   plain_until_ = plain_ ? now + plain_spin : now;
 }
@@ -199,10 +278,14 @@ bool spinner::again(clock::time_point now) noexcept {
 }
 
 void spinner::learn() noexcept {
-  // A wait that never spun, or that slept at once for the machine's sake,
-  // says nothing about what spinning is worth.
-  if (!started_ || forced_) return;
+  if (!started_) return;
   const nanoseconds took = clock::now() - start_;
+  // What a wait that ended by what it waited for took (not one given up
+  // when its spin was spent, as a server's watch for the next call is).
+  if (crowded_ && !spent_) crowd.count(crowded_sleep_, took);
+  // A wait that slept at once for the machine's sake says nothing about
+  // what spinning is worth.
+  if (forced_) return;
   const std::int64_t most = limit().count();
   // Ended within the most, by what it waited for (not given up when its
   // spin was spent, as a server's watch for the next call is): a full spin
@@ -217,7 +300,7 @@ void spinner::learn() noexcept {
 
 waited wait_until(function_ref<turn()> step, clock::time_point deadline,
                   std::optional<sleep_step> sleep, const wait_options& options) {
-  detail::spinner spin(options.spin_most);
+  detail::spinner spin(options.spin_most, sleep.has_value());
   const bool spinning = options.spin;
   const unsigned per_look = std::max(1u, options.turns_per_look);
   for (unsigned turns = 1;; ++turns) {

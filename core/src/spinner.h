@@ -12,7 +12,11 @@ class spinner {
   using clock = std::chrono::steady_clock;
 
   spinner() noexcept = default;
-  explicit spinner(std::chrono::nanoseconds most) noexcept : most_(most) {}
+  // `may_sleep`: the wait has a sleep step (a watch, which has none, gives
+  // up when its spin is spent, and takes no part in a crowded machine's
+  // trial of sleeping at once).
+  spinner(std::chrono::nanoseconds most, bool may_sleep) noexcept
+      : most_(most), may_sleep_(may_sleep) {}
   ~spinner() { learn(); }
   spinner(const spinner&) = delete;
   spinner& operator=(const spinner&) = delete;
@@ -42,6 +46,9 @@ class spinner {
   bool plain_ = true;       // the peer may run beside us: spin plainly first
   bool no_yields_ = false;  // costly yields: spin plainly throughout
   bool forced_ = false;     // costly yields, not the thread's budget, said "sleep at once"
+  bool may_sleep_ = true;
+  bool crowded_ = false;        // began on a machine with more runnable threads than CPUs
+  bool crowded_sleep_ = false;  // and the thread's trial said "sleep at once"
 };
 
 }  // namespace vmmc::core::detail

@@ -37,17 +37,21 @@ constexpr nanoseconds overshoot = 50us;
 // thread learnt stays with it) until it ran undisturbed: on a shared machine
 // a spin may be preempted, or one of its yields take a time slice (waits
 // then sleep at once for a while), which the expected figures do not allow
-// for. `body` returns false when it was disturbed.
+// for. `body` returns false when it was disturbed. A machine that other
+// tests keep busy may disturb many runs in a row: runs are tried for 30 s.
 template <class Body>
 void undisturbed(Body body) {
-  for (int attempt = 0; attempt < 10; ++attempt) {
-    while (core::yields_are_costly()) std::this_thread::sleep_for(5ms);
+  const auto until = clock::now() + 30s;
+  int attempts = 0;
+  while (clock::now() < until) {
+    while (core::yields_are_costly() && clock::now() < until) std::this_thread::sleep_for(5ms);
+    ++attempts;
     bool clean = false;
     std::thread t([&] { clean = body() && !core::yields_are_costly(); });
     t.join();
     if (clean) return;
   }
-  FAIL() << "10 runs were disturbed";
+  FAIL() << attempts << " runs in 30 s were disturbed";
 }
 
 // One wait for what never comes, until its `sleeps`-th sleep: how long it
@@ -244,7 +248,9 @@ void with_costly_yields(const std::function<void()>& then) {
     }
     EXPECT_TRUE(core::yields_are_costly()) << "after " << waits << " waits";
     EXPECT_LE(waits, 100);
-    then();
+    // In a fresh thread: this one's waits may have lasted long enough on
+    // the crowded machine to be trying waits that sleep at once.
+    std::thread(then).join();
     stop = true;
     for (auto& c : computing) c.join();
   });
@@ -273,6 +279,72 @@ TEST(Progress, WithCostlyYieldsAWaitWhosePeerRunsBesideItSpinsWithoutYielding) {
       most_turns = std::max(most_turns, spin_until_sleeps(1).turns);
     }
     EXPECT_GT(most_turns, 10);
+  });
+}
+
+// A machine with more runnable threads than CPUs: one thread that computes
+// per CPU, and one more. The waits under test run in a fresh thread.
+void on_a_crowded_machine(const std::function<void()>& then) {
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> computing;
+  for (unsigned i = 0; i <= std::max(1u, std::thread::hardware_concurrency()); ++i)
+    computing.emplace_back([&] {
+      while (!stop.load(std::memory_order_relaxed)) {
+      }
+    });
+  for (auto until = clock::now() + 2s; !core::machine_is_crowded() && clock::now() < until;)
+    std::this_thread::sleep_for(2ms);
+  EXPECT_TRUE(core::machine_is_crowded());
+  std::thread(then).join();
+  stop = true;
+  for (auto& c : computing) c.join();
+}
+
+// Waits for `length`; each is answered `answer` after it began, or at its
+// first sleep (which takes `sleep_takes`) if that comes first. Returns the
+// share of the last half's waits that slept at once.
+double share_sleeping_at_once(nanoseconds answer, nanoseconds sleep_takes,
+                              std::chrono::milliseconds length) {
+  int at_once = 0, waits = 0;
+  const auto half = clock::now() + length / 2, end = clock::now() + length;
+  while (clock::now() < end) {
+    const auto began = clock::now();
+    int turns = 0, turns_before_sleep = -1;
+    auto answered = [&] {
+      ++turns;
+      return turns_before_sleep >= 0 || clock::now() - began >= answer;
+    };
+    auto sleep = [&](nanoseconds) {
+      if (turns_before_sleep < 0) turns_before_sleep = turns;
+      if (sleep_takes > 0ns) std::this_thread::sleep_for(sleep_takes);
+      return true;
+    };
+    EXPECT_EQ(wait_until(answered, clock::time_point::max(), core::sleep_step(sleep)),
+              waited::done);
+    if (began < half) continue;
+    ++waits;
+    at_once += turns_before_sleep == 1;
+  }
+  return waits == 0 ? 0 : static_cast<double>(at_once) / waits;
+}
+
+// Beside threads that compute, a wait whose answer comes only once it
+// sleeps (its peer was woken onto its CPU) ends sooner when it sleeps at
+// once: the thread finds that out and keeps doing it. (Before, it spun
+// first, whatever that cost.)
+TEST(Progress, OnACrowdedMachineAThreadSleepsAtOnceWhereThatEndsItsWaitsSooner) {
+  on_a_crowded_machine([] {
+    const double share = share_sleeping_at_once(nanoseconds::max(), 0ns, 300ms);
+    EXPECT_GT(share, 0.8) << "of the waits after the first trials";
+  });
+}
+
+// And one whose answer comes within a spin, where a sleep costs a wake-up,
+// keeps spinning: sleeping at once was tried, and cost more.
+TEST(Progress, OnACrowdedMachineAThreadKeepsSpinningWhereSpinsAreAnswered) {
+  on_a_crowded_machine([] {
+    const double share = share_sleeping_at_once(2us, 100us, 300ms);
+    EXPECT_LT(share, 0.2) << "of the waits after the first trials";
   });
 }
 

@@ -21,10 +21,17 @@
 //    another CPU then spins plainly, within what spinning has been worth (a
 //    peer that runs beside it answers within microseconds, where a sleeper
 //    pays a wake-up: NX gdsum with two busy threads on 2 cores, 22 us
-//    sleeping at once, Open MPI's plain spin 0.9 us). One whose peer shares
-//    its CPU sleeps at once: its spin holds the core the answer needs, and a
+//    sleeping at once, Open MPI's plain spin 0.9 us), but no longer than a
+//    sleep and its wake-up cost (10 us). One whose peer shares its CPU
+//    sleeps at once: its spin holds the core the answer needs, and a
 //    sleeper's wake-up preempts threads that compute. Now and then waits
-//    try a yield again.
+//    try a yield again;
+//  - on a machine with more runnable threads than CPUs, not at all when
+//    that has paid: whether those threads are peers that answer or loops
+//    that compute, nothing cheap tells, so each thread tries waits that
+//    sleep at once (20 ms) against its spin policy (20 ms), and keeps what
+//    ended its waits sooner for 0.4 s, longer each time the choice repeats
+//    (at most 6.4 s). A watch (no sleep step) is left out.
 #pragma once
 #pragma GCC visibility push(default)  // the library's API (see cmake/layer.cmake)
 
@@ -133,6 +140,12 @@ void set_peers_share_cpus(std::optional<bool> share);
 // time slice, and they took over 100 us on average, on a machine with more
 // runnable threads than CPUs (see above). For diagnostics and tests.
 bool yields_are_costly();
+
+// True while the machine has more runnable threads than CPUs (two samples
+// of /proc/loadavg in a row, a few milliseconds apart): then each thread
+// tries waits that sleep at once against its spin policy, and keeps what
+// ended its waits sooner (see above). For diagnostics and tests.
+bool machine_is_crowded();
 
 // The most a wait spins (VMMC_CORE_SPIN_US).
 std::chrono::microseconds spin_limit();
