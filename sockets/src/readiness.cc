@@ -361,7 +361,7 @@ bool tagged(std::uint64_t data) {
 
 // Outside the anonymous namespace: streams that a set holds refer to it.
 struct detail::epoll_set {
-  explicit epoll_set(int fd) : epfd(fd), numbers{fd} {}
+  explicit epoll_set(int fd) : epfd(fd) {}
   // A descriptor of the set's epoll instance. The program may dup() it and
   // close the first: closing one of several moves this to another
   // (forget_epoll_set).
@@ -461,8 +461,7 @@ int track_set(int epfd) {
   std::shared_ptr<epoll_set> before;  // a set closed unseen, destroyed outside the lock
   auto set = std::make_shared<epoll_set>(epfd);
   std::lock_guard lock(epoll_sets.writer());
-  before = epoll_sets.exchange_locked(epfd, std::move(set));
-  if (before) drop_number_locked(*before, epfd);
+  before = name_set_locked(epfd, std::move(set));
   return epfd;
 }
 
