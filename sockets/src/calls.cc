@@ -430,8 +430,7 @@ void detail::end_stream(stream& s) {
   // Our channel (made here, also on a socket shared since fork(), which
   // this process decided): its peer reads every byte sent so far, then the
   // end of the stream.
-  if (s.state.load() == phase::upgraded && s.out_switched.load() && !s.out_reverted.load() &&
-      !s.write_shut.load()) {
+  if (s.state.load() == phase::upgraded && s.out.on_channel() && !s.out.is_shut()) {
     std::lock_guard lock(s.write_mutex);
     (void)s.chan->close_write();
   }
@@ -527,13 +526,13 @@ int shutdown(int fd, int how) {
     // end only TCP carried (it waited there for ever, 1 fork-at-accept run
     // in about 100).
     const bool ends_writes = s && how != SHUT_RD;
-    if (ends_writes) s->write_shut.store(true);
+    if (ends_writes) (void)s->out.shut_down();
     int r = ::shutdown(fd, how);
     if (ends_writes) {
       std::lock_guard lock(s->write_mutex);
       if (r != 0)
-        s->write_shut.store(false);
-      else if (s->out_switched.load() && !s->out_reverted.load())
+        s->out.shutdown_refused();
+      else if (s->out.on_channel())
         end_writes_in_channel(*s);  // a hello placed before our mark
     }
     return r;
@@ -542,13 +541,13 @@ int shutdown(int fd, int how) {
     errno = EINVAL;
     return -1;
   }
-  if (how != SHUT_WR) s->read_shut.store(true);
-  if (how != SHUT_RD && !s->write_shut.load()) {
+  if (how != SHUT_WR) (void)s->in.shut_down();
+  if (how != SHUT_RD && !s->out.is_shut()) {
     // As the kernel's: a writer blocked for space (a stopped reader) returns
     // at once with EPIPE or its count, rather than holding the lock we need.
     // Marked first: from here no hello is placed, and a direction still on
     // TCP ends there.
-    s->write_shut.store(true);
+    (void)s->out.shut_down();
     if (s->chan) s->chan->stop_writing();
     // A writer in the kernel's send (our direction on TCP, its reader
     // stopped) keeps the lock until the reader reads: the kernel's shutdown
@@ -561,8 +560,8 @@ int shutdown(int fd, int how) {
         tcp_ended = true;
       }
     auto end_tcp = [&] { return tcp_ended ? 0 : ::shutdown(fd, SHUT_WR); };
-    if (s->out_reverted.load()) return end_tcp();
-    if (s->out_switched.load()) {
+    if (s->out.reverted()) return end_tcp();
+    if (s->out.switched()) {
       // The TCP connection stays open: it still carries our doorbells.
       end_writes_in_channel(*s);
     } else {
@@ -576,7 +575,7 @@ int shutdown(int fd, int how) {
 int getsockopt(int fd, int level, int name, void* value, socklen_t* length) {
   detail::api_call entered;
   if (level == IPPROTO_TCP && name == TCP_NODELAY && value && length && *length >= sizeof(int))
-    if (stream_ptr s = find(fd); s && s->out_switched.load()) {
+    if (stream_ptr s = find(fd); s && s->out.switched()) {
       *static_cast<int*>(value) = s->app_nodelay.load() ? 1 : 0;
       *length = sizeof(int);
       return 0;
@@ -590,7 +589,7 @@ int setsockopt(int fd, int level, int name, const void* value, socklen_t length)
   if (r == 0 && level == IPPROTO_TCP && name == TCP_NODELAY && length >= sizeof(int)) {
     if (stream_ptr s = find(fd)) {
       s->app_nodelay.store(*static_cast<const int*>(value) != 0);
-      if (s->out_switched.load()) nagle_off_for_doorbells(*s);
+      if (s->out.switched()) nagle_off_for_doorbells(*s);
     }
   }
   if (r == 0 && level == SOL_SOCKET && (name == SO_RCVTIMEO || name == SO_SNDTIMEO)) {
@@ -839,8 +838,8 @@ std::optional<socket_info> describe(int fd) {
   // Kernel TCP for good with no reason to fall back (the connection ended,
   // or was shut down, before it earned a channel) is no plain peer.
   info.plain = s->state.load() == phase::plain && s->fallback_reason.load() != fallback::none;
-  info.accelerated = s->state.load() == phase::upgraded && s->out_switched.load() &&
-                     s->in_switched.load() && !s->out_reverted.load() && !s->in_reverted.load();
+  info.accelerated =
+      s->state.load() == phase::upgraded && s->out.on_channel() && s->in.on_channel();
   info.path = info.accelerated && s->chan && s->chan->connected() ? s->chan->path() : "tcp";
   info.tcp_bytes_in = s->tcp_in.load();
   info.tcp_bytes_out = s->tcp_out.load();

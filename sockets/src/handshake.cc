@@ -132,9 +132,9 @@ void become_plain(stream& s, fallback why) {
 // reports EPROTO, then reads see the end and writes EPIPE, as after a reset.
 // (Gone plain, the stream would hand the rest of a bad hello over as data.)
 void fail_connection(stream& s, const char* why) {
-  s.pending_error.store(EPROTO);
-  s.read_shut.store(true);
-  s.write_shut.store(true);
+  report_next(s, EPROTO);
+  (void)s.in.shut_down();
+  (void)s.out.shut_down();
   (void)::shutdown(s.fd, SHUT_RDWR);
   s.fallback_reason.store(fallback::protocol_error);
   s.state.store(phase::upgraded);  // without a channel: kept out of the kernel fast path
@@ -322,10 +322,10 @@ void ask_locked(stream& s) {
     presence::remove(s.presence_cookie.exchange(0));
     become_plain(s, why);
   };
-  if (s.write_shut.load() || s.shared.load()) {
+  if (s.out.is_shut() || s.shared.load()) {
     // By our choice: the entry says so until close() takes it out.
     presence::decline(s.presence_cookie.load());
-    return become_plain(s, s.write_shut.load() ? fallback::none : fallback::reverted);
+    return become_plain(s, s.out.is_shut() ? fallback::none : fallback::reverted);
   }
   if (s.presence_cookie.load() == 0) return stay(fallback::setup_failed);
   const std::uint32_t calls = s.tcp_calls.load();
@@ -379,8 +379,8 @@ void earn_channel(stream& s, bool may_ask) {
   if (s.in_kernel.load() == 0) {
     log(3, "fd %d: earned a channel (%u calls, %llu bytes)", s.fd.load(), s.tcp_calls.load(),
         static_cast<unsigned long long>(s.tcp_in.load() + s.tcp_out.load()));
-    if (s.write_shut.load() || s.shared.load())
-      become_plain(s, s.write_shut.load() ? fallback::none : fallback::reverted);
+    if (s.out.is_shut() || s.shared.load())
+      become_plain(s, s.out.is_shut() ? fallback::none : fallback::reverted);
     else
       make_channel(s);
   }
@@ -679,12 +679,12 @@ void ring_doorbell(stream& s) {
   // hello is placed, and for good if placing it fails: that doorbell reached
   // the peer application as a data byte (0xDB). The ring is owed instead,
   // and placing the hello pays it.
-  if (!s.out_switched.load()) {
+  if (!s.out.switched()) {
     s.ring_owed.store(true);
-    if (!s.out_switched.load()) return;  // else switched meanwhile: ring
+    if (!s.out.switched()) return;  // else switched meanwhile: ring
   }
   s.ringers.fetch_add(1);
-  if (!s.records_closed.load()) {
+  if (!s.out.has(flow::records_closed)) {
     unsigned char b = wire::doorbell_byte;
     // A full socket buffer is no failure (the peer has doorbells to read);
     // an error is the TCP connection's end, which takes the stream with it.
@@ -696,14 +696,14 @@ void ring_doorbell(stream& s) {
 }
 
 void close_records(stream& s) {
-  s.records_closed.store(true);
+  s.out.close_records();
   // Doorbells already being sent finish first: a send() of one byte.
   (void)core::wait_until([&] { return s.ringers.load() == 0; }, clock::time_point::max(),
                          core::napping(std::chrono::nanoseconds::zero()));
 }
 
 void reopen_records(stream& s) {
-  s.records_closed.store(false);
+  s.out.reopen_records();
 }
 
 // Bytes of our protocol left in the kernel's receive queue would make
@@ -724,7 +724,7 @@ void discard_protocol_bytes(stream& s) {
     return;
   }
   if (p != phase::upgraded && p != phase::undecided) return;
-  if (p == phase::upgraded && s.in_switched.load() && input_on_tcp(s)) return;  // all data again
+  if (p == phase::upgraded && s.in.switched() && input_on_tcp(s)) return;  // all data again
   bool raw_done = p == phase::upgraded && raw_prefix_done(s);
   char scratch[4096];
   if (!raw_done) {
@@ -829,7 +829,7 @@ bool learn_peer_raw(stream& s) {
   if (!hello) return false;
   auto n = parse_raw_count(*hello);
   if (!n) {
-    s.pending_error.store(EPROTO);
+    report_next(s, EPROTO);
     return false;
   }
   s.peer_raw = *n;
@@ -837,8 +837,8 @@ bool learn_peer_raw(stream& s) {
 }
 
 void place_hello_locked(stream& s, bool ring_now) {
-  if (!s.hello_pending.load() || s.out_switched.load() || !s.chan) return;
-  if (s.write_shut.load()) {
+  if (!s.hello_pending.load() || s.out.switched() || !s.chan) return;
+  if (s.out.is_shut()) {
     // Our direction ended on TCP (shutdown before the switch): it stays
     // there, and the peer keeps reading it to its end of file.
     s.hello_pending.store(false);
@@ -875,7 +875,7 @@ void place_hello_locked(stream& s, bool ring_now) {
         placed.error().message().c_str());
     return;
   }
-  s.out_switched.store(true);
+  s.out.to_channel();
   nagle_off_for_doorbells(s);
   // A reader asleep on TCP must learn of the switch, but only once there is
   // something to read: placed by our reader, the doorbell waits for our next
@@ -893,7 +893,7 @@ void place_hello_locked(stream& s, bool ring_now) {
 }
 
 bool peer_ready(stream& s) {
-  if (s.state.load() != phase::upgraded || s.out_switched.load() || !s.chan) return false;
+  if (s.state.load() != phase::upgraded || s.out.switched() || !s.chan) return false;
   // The client may place its hello as soon as it has the server's; the
   // server only once the client's hello is in its area.
   if (!s.is_client && !s.peer_hello_seen.load() && s.chan->peer_hello()) {

@@ -88,7 +88,7 @@ clock::time_point receive_deadline(const stream& s) {
 
 // The peer's raw prefix is all read: TCP carries doorbells from here on.
 ssize_t switch_in(stream& s) {
-  s.in_switched.store(true);
+  s.in.to_channel();
   drain_doorbells(s);
   advance_upgrade(s);  // reading the channel goes best once we reach the peer too
   return switched;
@@ -310,24 +310,70 @@ ssize_t kernel_write(int fd, const void* buffer, size_t length, int flags, bool 
 bool kernel_writes(const stream& s) {
   phase p = s.state.load();
   return p == phase::plain || p == phase::idle || p == phase::connecting ||
-         (p == phase::upgraded && s.out_reverted.load());
+         (p == phase::upgraded && s.out.reverted());
 }
 bool kernel_reads(const stream& s) {
   if (s.stash && stash_size(s) > 0) return false;
   phase p = s.state.load();
-  return p == phase::plain || p == phase::idle || (p == phase::upgraded && s.in_reverted.load());
+  return p == phase::plain || p == phase::idle || (p == phase::upgraded && s.in.reverted());
 }
+
+namespace {
+// An error another call left for this one (report_next), taken once.
+int take_pending_error(stream& s) {
+  return s.pending_error.load(std::memory_order_relaxed) != 0 ? s.pending_error.exchange(0) : 0;
+}
+
+// With read_mutex held: reads of an upgraded stream, from wherever each
+// byte is (the peer's raw prefix, the channel, TCP again).
+ssize_t receive_locked(stream& s, void* buffer, size_t length, int flags, bool rw) {
+  advance_upgrade(s);
+  char* out = static_cast<char*>(buffer);
+  size_t done = 0;
+  bool no_wait = wants_no_wait(s, flags);
+  bool wait_all = (flags & MSG_WAITALL) && !(flags & MSG_PEEK);
+  while (done < length) {
+    ssize_t n;
+    bool later = done > 0;  // after the first bytes, never block for more unless WAITALL
+    bool block = !(no_wait || (later && !wait_all));
+    if (!s.in.switched()) {
+      n = receive_raw(s, out + done, length - done, flags, !block);
+      if (n == switched) continue;
+    } else if (input_on_tcp(s)) {
+      // The peer went back to TCP: the rest of its stream is ordinary bytes.
+      n = kernel_read(s.fd, out + done, length - done,
+                      (flags & (MSG_PEEK | MSG_WAITALL)) | (block ? 0 : MSG_DONTWAIT), rw);
+      if (n == 0 && !block) break;
+    } else {
+      n = receive_channel(s, out + done, length - done, flags, !block);
+      if (n == switched) continue;
+    }
+    if (n < 0) {
+      if (later) break;  // report the bytes we have; the error comes again
+      return -1;
+    }
+    if (n == 0) break;
+    done += static_cast<size_t>(n);
+    if (!wait_all || (flags & MSG_PEEK)) break;
+  }
+  return static_cast<ssize_t>(done);
+}
+}  // namespace
 
 ssize_t receive(stream& s, void* buffer, size_t length, int flags, bool rw) {
   busy_call busy;
-  if (int e = s.pending_error.exchange(0)) return fail(e);
-  if (s.orphan.load()) return fail(EIO);
+  if (s.in.load() == flow::channel) {  // nothing to look at but the channel
+    std::lock_guard lock(s.read_mutex);
+    if (s.in.load() == flow::channel) return receive_locked(s, buffer, length, flags, rw);
+  }
+  if (int e = take_pending_error(s)) return fail(e);
+  if (s.in.has(flow::orphaned)) return fail(EIO);
   if (s.stash && length > 0) {
     // Bytes taken off the connection before it went back to TCP come first.
     if (size_t n = take_stash(s, buffer, length, !(flags & MSG_PEEK)))
       return static_cast<ssize_t>(n);
   }
-  if (s.read_shut.load()) return 0;
+  if (s.in.is_shut()) return 0;
   phase p = s.state.load();
   if (p == phase::connecting && check_connected(s)) p = s.state.load();
   if (p == phase::undecided) {
@@ -356,91 +402,17 @@ ssize_t receive(stream& s, void* buffer, size_t length, int flags, bool rw) {
   }
   if (p != phase::upgraded) return kernel_read(s.fd, buffer, length, flags, rw);
   // The decision above may have failed the connection (fail_connection).
-  if (int e = s.pending_error.exchange(0)) return fail(e);
-  if (s.read_shut.load()) return 0;
+  if (int e = take_pending_error(s)) return fail(e);
+  if (s.in.is_shut()) return 0;
 
   std::lock_guard lock(s.read_mutex);
-  advance_upgrade(s);
-  char* out = static_cast<char*>(buffer);
-  size_t done = 0;
-  bool no_wait = wants_no_wait(s, flags);
-  bool wait_all = (flags & MSG_WAITALL) && !(flags & MSG_PEEK);
-  while (done < length) {
-    ssize_t n;
-    bool later = done > 0;  // after the first bytes, never block for more unless WAITALL
-    bool block = !(no_wait || (later && !wait_all));
-    if (!s.in_switched.load()) {
-      n = receive_raw(s, out + done, length - done, flags, !block);
-      if (n == switched) continue;
-    } else if (input_on_tcp(s)) {
-      // The peer went back to TCP: the rest of its stream is ordinary bytes.
-      n = kernel_read(s.fd, out + done, length - done,
-                      (flags & (MSG_PEEK | MSG_WAITALL)) | (block ? 0 : MSG_DONTWAIT), rw);
-      if (n == 0 && !block) break;
-    } else {
-      n = receive_channel(s, out + done, length - done, flags, !block);
-      if (n == switched) continue;
-    }
-    if (n < 0) {
-      if (later) break;  // report the bytes we have; the error comes again
-      return -1;
-    }
-    if (n == 0) break;
-    done += static_cast<size_t>(n);
-    if (!wait_all || (flags & MSG_PEEK)) break;
-  }
-  return static_cast<ssize_t>(done);
+  return receive_locked(s, buffer, length, flags, rw);
 }
 
-ssize_t transmit(stream& s, const void* buffer, size_t length, int flags, bool rw) {
-  busy_call busy;
-  if (int e = s.pending_error.exchange(0)) return fail(e);
-  if (s.write_shut.load()) return broken_pipe(flags);
-  phase p = s.state.load();
-  if (p == phase::connecting && check_connected(s)) p = s.state.load();
-  if (p == phase::undecided) {
-    // A server writing first waits for the client's offer, which decides; a
-    // client looks whether the server's answer came (so a client that only
-    // writes switches too, and leaves no protocol bytes unread).
-    try_decide(s, !s.is_client);
-    p = s.state.load();
-  }
-  for (ssize_t n = 0; p == phase::deferred; p = s.state.load()) {
-    auto call = [&] { return kernel_write(s.fd, buffer, length, flags, rw); };
-    if (deferred_call(s, call, &s.tcp_out, n)) return n;
-  }
-  if (p == phase::plain || p == phase::idle || p == phase::connecting)
-    return kernel_write(s.fd, buffer, length, flags, rw);
-  if (s.orphan.load()) return fail(EIO);
-  // The decision above may have failed the connection (fail_connection).
-  if (int e = s.pending_error.exchange(0)) return fail(e);
-  if (s.write_shut.load()) return broken_pipe(flags);
-
-  std::lock_guard lock(s.write_mutex);
-  answer_revert_locked(s);
-  struct on_tcp {  // see stream::sending_on_tcp
-    std::atomic<bool>& sending;
-    explicit on_tcp(stream& s) : sending(s.sending_on_tcp) { sending.store(true); }
-    ~on_tcp() { sending.store(false); }
-  };
-  if (s.out_reverted.load()) {
-    on_tcp sending(s);
-    return kernel_write(s.fd, buffer, length, flags, rw);
-  }
-  if (peer_ready(s)) place_hello_locked(s);
-  if (!s.out_switched.load()) {
-    ssize_t n;
-    {
-      on_tcp sending(s);
-      if (!flush_answer(s, wants_no_wait(s, flags))) return -1;
-      n = ::send(s.fd, buffer, length, flags);
-    }
-    if (n > 0) s.tcp_out += static_cast<std::uint64_t>(n);
-    // A hello that became due while we wrote goes now, with the final count.
-    if (peer_ready(s)) place_hello_locked(s);
-    return n;
-  }
-
+namespace {
+// With write_mutex held, our writes on the channel: bytes to the channel
+// until it takes them all, the peer asks us back to TCP, or the stream ends.
+ssize_t transmit_locked(stream& s, const void* buffer, size_t length, int flags, bool rw) {
   redirect::channel& ch = *s.chan;
   if (tcp_failed(s)) return write_after_tcp_failed(s, flags);
   if (s.switch_doorbell_owed) {
@@ -495,12 +467,68 @@ ssize_t transmit(stream& s, const void* buffer, size_t length, int flags, bool r
     if (tcp_failed(s))
       return done > 0 ? static_cast<ssize_t>(done) : write_after_tcp_failed(s, flags);
     answer_revert_locked(s);
-    if (s.out_reverted.load()) {
+    if (s.out.reverted()) {
       ssize_t rest = kernel_write(s.fd, bytes + done, length - done, flags, rw);
       if (rest < 0) return done > 0 ? static_cast<ssize_t>(done) : -1;
       return static_cast<ssize_t>(done + static_cast<std::size_t>(rest));
     }
   }
+}
+}  // namespace
+
+ssize_t transmit(stream& s, const void* buffer, size_t length, int flags, bool rw) {
+  busy_call busy;
+  if (s.out.load() == flow::channel) {  // nothing to look at but the channel
+    std::lock_guard lock(s.write_mutex);
+    if (s.out.load() == flow::channel) return transmit_locked(s, buffer, length, flags, rw);
+  }
+  if (int e = take_pending_error(s)) return fail(e);
+  if (s.out.is_shut()) return broken_pipe(flags);
+  phase p = s.state.load();
+  if (p == phase::connecting && check_connected(s)) p = s.state.load();
+  if (p == phase::undecided) {
+    // A server writing first waits for the client's offer, which decides; a
+    // client looks whether the server's answer came (so a client that only
+    // writes switches too, and leaves no protocol bytes unread).
+    try_decide(s, !s.is_client);
+    p = s.state.load();
+  }
+  for (ssize_t n = 0; p == phase::deferred; p = s.state.load()) {
+    auto call = [&] { return kernel_write(s.fd, buffer, length, flags, rw); };
+    if (deferred_call(s, call, &s.tcp_out, n)) return n;
+  }
+  if (p == phase::plain || p == phase::idle || p == phase::connecting)
+    return kernel_write(s.fd, buffer, length, flags, rw);
+  if (s.out.has(flow::orphaned)) return fail(EIO);
+  // The decision above may have failed the connection (fail_connection).
+  if (int e = take_pending_error(s)) return fail(e);
+  if (s.out.is_shut()) return broken_pipe(flags);
+
+  std::lock_guard lock(s.write_mutex);
+  answer_revert_locked(s);
+  struct on_tcp {  // see stream::sending_on_tcp
+    std::atomic<bool>& sending;
+    explicit on_tcp(stream& s) : sending(s.sending_on_tcp) { sending.store(true); }
+    ~on_tcp() { sending.store(false); }
+  };
+  if (s.out.reverted()) {
+    on_tcp sending(s);
+    return kernel_write(s.fd, buffer, length, flags, rw);
+  }
+  if (peer_ready(s)) place_hello_locked(s);
+  if (!s.out.switched()) {
+    ssize_t n;
+    {
+      on_tcp sending(s);
+      if (!flush_answer(s, wants_no_wait(s, flags))) return -1;
+      n = ::send(s.fd, buffer, length, flags);
+    }
+    if (n > 0) s.tcp_out += static_cast<std::uint64_t>(n);
+    // A hello that became due while we wrote goes now, with the final count.
+    if (peer_ready(s)) place_hello_locked(s);
+    return n;
+  }
+  return transmit_locked(s, buffer, length, flags, rw);
 }
 
 void note_tcp_error(stream& s, int error) {
@@ -513,10 +541,10 @@ void note_tcp_error(stream& s, int error) {
 }
 
 bool raw_prefix_done(stream& s) {
-  if (s.in_switched.load()) return true;
+  if (s.in.switched()) return true;
   // A concurrent reader finds no raw byte left either: safe without its lock.
-  if (learn_peer_raw(s) && s.tcp_in.load() == *s.peer_raw) s.in_switched.store(true);
-  return s.in_switched.load();
+  if (learn_peer_raw(s) && s.tcp_in.load() == *s.peer_raw) s.in.to_channel();
+  return s.in.switched();
 }
 
 // Bytes past the peer's N are records (doorbells, revert records): they are
@@ -570,12 +598,12 @@ short ready_events(stream& s, short wanted, short kernel_events) {
     }
   }
   if (p != phase::upgraded || !s.chan) return kernel_events;
-  if (s.orphan.load()) return kernel_events | POLLERR;
+  if (s.in.has(flow::orphaned)) return kernel_events | POLLERR;
   advance_upgrade(s);
   answer_revert(s);
   short out = kernel_events & ~(POLLIN | POLLRDNORM | POLLOUT | POLLWRNORM | POLLRDHUP);
   // The peer's end: on TCP before the switch and after its end record.
-  if (!s.in_switched.load() || input_on_tcp(s)) {
+  if (!s.in.switched() || input_on_tcp(s)) {
     out |= kernel_events & POLLRDHUP;
   } else if ((wanted & POLLRDHUP) && s.chan->peer_closed()) {
     out |= POLLRDHUP;
@@ -594,14 +622,14 @@ short ready_events(stream& s, short wanted, short kernel_events) {
       if (input_on_tcp(s)) {
         pollfd pfd{s.fd, POLLIN, 0};  // what the kernel said included our records
         if (::poll(&pfd, 1, 0) == 1) out |= wanted & (POLLIN | POLLRDNORM) & pfd.revents;
-      } else if (ch.readable() > 0 || ch.at_end() || s.tcp_eof.load() || s.read_shut.load())
+      } else if (ch.readable() > 0 || ch.at_end() || s.tcp_eof.load() || s.in.is_shut())
         out |= wanted & (POLLIN | POLLRDNORM);
     }
   }
   if (wanted & (POLLOUT | POLLWRNORM)) {
-    if (!s.out_switched.load() || s.out_reverted.load()) {
+    if (!s.out.on_channel()) {
       out |= kernel_events & (POLLOUT | POLLWRNORM);
-    } else if (ch.writable() > 0 || s.write_shut.load() || s.tcp_eof.load()) {
+    } else if (ch.writable() > 0 || s.out.is_shut() || s.tcp_eof.load()) {
       out |= wanted & (POLLOUT | POLLWRNORM);
     }
   }
@@ -614,10 +642,10 @@ bool prepare_sleep(stream& s, short wanted, redirect::wake_by how) {
     s.sleeps_in_our_waits.store(true, std::memory_order_relaxed);
   redirect::channel& ch = *s.chan;
   if (stash_size(s) > 0) return false;
-  if ((wanted & (POLLIN | POLLRDNORM)) && s.in_switched.load() && !input_on_tcp(s) &&
+  if ((wanted & (POLLIN | POLLRDNORM)) && s.in.switched() && !input_on_tcp(s) &&
       !ch.prepare_sleep(redirect::sleep_reason::data, how))
     return false;
-  if ((wanted & (POLLOUT | POLLWRNORM)) && s.out_switched.load() && !s.out_reverted.load() &&
+  if ((wanted & (POLLOUT | POLLWRNORM)) && s.out.on_channel() &&
       !ch.prepare_sleep(redirect::sleep_reason::space, how))
     return false;
   return true;

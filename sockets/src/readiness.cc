@@ -60,11 +60,11 @@ short kernel_interest(stream& s, short wanted) {
   // Connected: the moment our offer goes, whatever the caller waits for.
   if (p == phase::connecting) return static_cast<short>(wanted | POLLIN | POLLPRI | POLLOUT);
   if (p != phase::upgraded) return static_cast<short>(wanted | POLLIN | POLLPRI);
-  if (!s.out_switched.load() || s.out_reverted.load()) events |= wanted & (POLLOUT | POLLWRNORM);
+  if (!s.out.on_channel()) events |= wanted & (POLLOUT | POLLWRNORM);
   // The peer's end comes over TCP while its bytes do (before its switch, and
   // after its end record); once they come through the channel its FIN would
   // say nothing and, level-triggered, wake every wait.
-  if (!s.in_switched.load() || input_on_tcp(s)) events |= wanted & POLLRDHUP;
+  if (!s.in.switched() || input_on_tcp(s)) events |= wanted & POLLRDHUP;
   return events;
 }
 
@@ -475,7 +475,7 @@ std::uint32_t kernel_events_for(stream* s, std::uint32_t user_events) {
   std::uint32_t e = (user_events & ~EPOLLONESHOT) | EPOLLIN;
   const phase p = s->state.load();
   if (p == phase::connecting) e |= EPOLLOUT;  // see kernel_interest()
-  if (p == phase::upgraded && s->out_switched.load() && !s->out_reverted.load()) e &= ~EPOLLOUT;
+  if (p == phase::upgraded && s->out.on_channel()) e &= ~EPOLLOUT;
   return e;
 }
 
@@ -632,7 +632,7 @@ int collect(epoll_set& set, epoll_event* events, int max_events, int timeout_ms)
     const bool kernel_bytes =
         skip_kernel && !(in.user.events & EPOLLET) &&
         (in.kernel_ready ||
-         (s && (p == phase::undecided || (p == phase::upgraded && !s->in_switched.load()))));
+         (s && (p == phase::undecided || (p == phase::upgraded && !s->in.switched()))));
     if (!kernel_bytes && (!s || (p != phase::upgraded && stash_size(*s) == 0))) continue;
     std::uint32_t kev = 0;
     if (kernel_bytes) {

@@ -61,6 +61,7 @@ void install_stash(stream& s, const std::string& bytes) {
   int fd = make_stash_memfd(bytes.data(), bytes.size());
   if (fd < 0) return;
   s.stash = map_stash(fd);
+  s.in.note_stash();
   ::close(fd);
 }
 
@@ -97,7 +98,7 @@ std::size_t take_stash(stream& s, void* buffer, std::size_t length, bool consume
 void drain_doorbells(stream& s) {
   // Before the switch TCP bytes are application data; after the peer's end
   // record they are again.
-  if (!s.in_switched.load() || s.peer_channel_end.load() != stream::no_end) return;
+  if (!s.in.switched() || s.peer_channel_end.load() != stream::no_end) return;
   unsigned char scratch[256];
   while (true) {
     ssize_t n = ::recv(s.fd, scratch, sizeof scratch, MSG_PEEK | MSG_DONTWAIT);
@@ -113,8 +114,11 @@ void drain_doorbells(stream& s) {
     const bool asked = scan.revert_asked;
     if (take > 0 && ::recv(s.fd, scratch, take, MSG_DONTWAIT) != static_cast<ssize_t>(take)) return;
     s.doorbells_in.fetch_add(take);
-    if (asked) s.revert_asked.store(true);
-    if (end != stream::no_end) s.peer_channel_end.store(end);
+    if (asked) s.out.note_end_due();
+    if (end != stream::no_end) {
+      s.peer_channel_end.store(end);
+      s.in.note_end_due();
+    }
     wake_sleepers(s);
     if (end != stream::no_end || take < static_cast<std::size_t>(n) ||
         n < static_cast<ssize_t>(sizeof scratch))
@@ -123,10 +127,10 @@ void drain_doorbells(stream& s) {
 }
 
 void answer_revert_locked(stream& s) {
-  if (!s.revert_asked.load() || s.out_reverted.load() || !s.chan) return;
+  if (!s.out.has(flow::end_due) || s.out.reverted() || !s.chan) return;
   // Our writes must be on the channel to be followed by an end record.
-  if (!s.out_switched.load() && peer_ready(s)) place_hello_locked(s);
-  if (!s.out_switched.load()) return;
+  if (!s.out.switched() && peer_ready(s)) place_hello_locked(s);
+  if (!s.out.switched()) return;
   unsigned char record[wire::end_record_size] = {wire::end_record_byte};
   std::uint64_t total = s.channel_out.load();
   for (int i = 0; i < 8; ++i) record[1 + i] = static_cast<unsigned char>(total >> (8 * i));
@@ -135,25 +139,25 @@ void answer_revert_locked(stream& s) {
     reopen_records(s);
     return;
   }
-  s.out_reverted.store(true);
+  s.out.to_tcp_again();
   // Our direction had ended in the channel (shutdown after the switch): the
   // peer now reads TCP after our end record, so the end goes there too.
-  if (s.write_shut.load()) (void)::shutdown(s.fd, SHUT_WR);
+  if (s.out.is_shut()) (void)::shutdown(s.fd, SHUT_WR);
   log(3, "fd %d: writes back on TCP after %llu channel bytes", s.fd.load(),
       static_cast<unsigned long long>(total));
 }
 
 void answer_revert(stream& s) {
-  if (!s.revert_asked.load() || s.out_reverted.load()) return;
+  if (!s.out.has(flow::end_due) || s.out.reverted()) return;
   std::unique_lock lock(s.write_mutex, std::try_to_lock);
   if (lock) answer_revert_locked(s);
 }
 
 bool input_on_tcp(stream& s) {
-  if (s.in_reverted.load()) return true;
-  std::uint64_t end = s.peer_channel_end.load();
-  if (end == stream::no_end || s.channel_in.load() < end) return false;
-  s.in_reverted.store(true);
+  const flow::word in = s.in.load();
+  if (in & flow::tcp_again) return true;
+  if (!(in & flow::end_due) || s.channel_in.load() < s.peer_channel_end.load()) return false;
+  s.in.to_tcp_again();
   return true;
 }
 
@@ -177,8 +181,8 @@ struct taking {
 // (the hello is placed before the end is sent). socat's fork right after
 // accept, with a client that had written all and shut down, met this.
 bool stays_on_tcp(stream& s) {
-  if (s.out_switched.load()) return false;
-  if (s.is_client) return s.write_shut.load();
+  if (s.out.switched()) return false;
+  if (s.is_client) return s.out.is_shut();
   if (s.chan->peer_hello()) return false;
   pollfd pfd{s.fd, POLLRDHUP, 0};
   if (::poll(&pfd, 1, 0) != 1 || !(pfd.revents & (POLLRDHUP | POLLHUP | POLLERR))) return false;
@@ -192,7 +196,7 @@ bool stays_on_tcp(stream& s) {
 bool take_before_hello(taking& t, std::vector<char>& buffer) {
   stream& s = *t.s;
   constexpr std::size_t most = 64u << 20;  // then the peer waits for the child
-  if (s.is_client || s.out_switched.load() || t.taken.size() >= most) return false;
+  if (s.is_client || s.out.switched() || t.taken.size() >= most) return false;
   bool at_switch = false;
   ssize_t n = take_raw(s, buffer.data(), buffer.size(), false, true, at_switch);
   if (n <= 0) return false;
@@ -207,14 +211,14 @@ bool step(taking& t) {
   if (!t.requested) {
     // Our writes must reach the channel first: only then does the peer
     // parse our records.
-    if (!s.out_switched.load() && peer_ready(s)) place_hello_locked(s);
-    if (!s.out_switched.load()) {
+    if (!s.out.switched() && peer_ready(s)) place_hello_locked(s);
+    if (!s.out.switched()) {
       bool moved = take_before_hello(t, buffer);
       t.never_switched = stays_on_tcp(s);
       return moved;
     }
     unsigned char request = wire::revert_request_byte;
-    t.requested = s.out_reverted.load() || send_all(s.fd, &request, 1, 0);
+    t.requested = s.out.reverted() || send_all(s.fd, &request, 1, 0);
     return t.requested;
   }
   bool moved = false;
@@ -241,7 +245,7 @@ bool step(taking& t) {
       moved = true;
     }
   }
-  if (s.revert_asked.load()) answer_revert_locked(s);  // the peer asked too
+  if (s.out.has(flow::end_due)) answer_revert_locked(s);  // the peer asked too
   return moved;
 }
 
@@ -299,9 +303,9 @@ void revert_all(bool only_inheritable) {
         continue;
       }
       if (!t.requested || !input_on_tcp(s)) continue;
-      s.revert_asked.store(true);
+      s.out.note_end_due();
       answer_revert_locked(s);
-      if (!s.out_reverted.load()) continue;
+      if (!s.out.reverted()) continue;
       keep_taken(t);
       s.state.store(phase::plain);
       log(3, "fd %d: back on TCP (%zu bytes kept)", s.fd.load(), t.taken.size());
@@ -346,7 +350,10 @@ void fork_child() {
     s->shared.store(true);
     s->inherited.store(true);
     s->ringers.store(0);  // a doorbell another thread was sending is the parent's
-    if (s->state.load() == phase::upgraded && s->chan) s->orphan.store(true);
+    if (s->state.load() == phase::upgraded && s->chan) {
+      s->in.orphan();
+      s->out.orphan();
+    }
   }
 }
 }  // namespace

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "flow.h"
 #include "presence.h"
 #include "vmmc/core/context.h"
 #include "vmmc/core/progress.h"
@@ -135,10 +136,11 @@ struct stream {
   // Server: this stream's channel counts against max_awaiting_client until
   // the client's hello arrives or the stream goes (release_awaiting_slot).
   std::atomic<bool> awaiting_slot{false};
+  // Each direction's carrier and state (see flow).
+  flow out, in;
   // Outgoing: raw bytes we wrote on TCP before our channel hello (N_self);
-  // out_switched once the hello is placed: writes go to the channel.
+  // out switches to the channel once the hello is placed.
   std::atomic<std::uint64_t> tcp_out{0};
-  std::atomic<bool> out_switched{false};
   // A writer holding write_mutex sits in the kernel's send (our writes still
   // on TCP, or reverted): it stays there while the reader is stopped, and
   // only the kernel's shutdown, not our lock, can send it back.
@@ -150,11 +152,10 @@ struct stream {
   // Doorbells are records: they may follow our hello and must precede our
   // end record, never sit among our raw or reverted bytes (ring_doorbell).
   // A ring asked for before our hello is owed until it is placed; ringers
-  // counts the doorbells being sent; records_closed stops new ones while
-  // our end record goes out.
+  // counts the doorbells being sent; out's records_closed stops new ones
+  // while our end record goes out.
   std::atomic<bool> ring_owed{false};
   std::atomic<int> ringers{0};
-  std::atomic<bool> records_closed{false};
   // Our hello was placed from the read side: the doorbell telling a peer
   // asleep on TCP of the switch goes with our next write (handshake.cc).
   // Under write_mutex, like everything that places the hello.
@@ -165,19 +166,18 @@ struct stream {
   std::int64_t next_hello_try = 0;
   int hello_tries = 0;
   // Incoming: raw bytes read from TCP so far; the peer's N once known;
-  // in_switched once all of them are read.
+  // in switches to the channel once all of them are read.
   std::atomic<std::uint64_t> tcp_in{0};
   std::optional<std::uint64_t> peer_raw;
-  std::atomic<bool> in_switched{false};
 
-  std::atomic<bool> write_shut{false}, read_shut{false};
   std::atomic<bool> tcp_eof{false};  // the peer's TCP side ended (FIN or an error)
   // ... by an error the kernel found (a reset, a keepalive or user timeout):
   // its errno, reported once by the next call, as the kernel's socket error.
   std::atomic<int> tcp_error{0};
   std::atomic<bool> tcp_error_told{false};
   std::atomic<std::int64_t> next_tcp_look{0};  // see tcp_failed() (io.cc)
-  std::atomic<int> pending_error{0};           // an error to report on the next call (errno)
+  // An error to report on the next call (errno): set with report_next().
+  std::atomic<int> pending_error{0};
   std::atomic<std::uint64_t> doorbells_in{0};
   // Sleeping on the doorbell (handshake.cc, sleep_on_doorbell).
   std::mutex sleep_mutex;
@@ -204,16 +204,15 @@ struct stream {
 
   // --- Going back to TCP (revert.cc; wire.h's revert records).
   // Channel bytes we wrote, and those we consumed (read or stashed).
+  // (out: end_due once the peer asked us to revert our writes, tcp_again
+  // once our end record is out.)
   std::atomic<std::uint64_t> channel_out{0}, channel_in{0};
-  std::atomic<bool> revert_asked{false};  // the peer asked us to revert our writes
-  std::atomic<bool> out_reverted{false};  // our end record is out: writes go to TCP
-  // The peer's end record: its writes after this many channel bytes are on TCP.
+  // The peer's end record: its writes after this many channel bytes are on
+  // TCP (in: end_due once known, tcp_again once we consumed them all).
   std::atomic<std::uint64_t> peer_channel_end{no_end};
-  std::atomic<bool> in_reverted{false};  // ... and we consumed them all
   // A fork() copy: the channel (if any) belongs to another process.
   std::atomic<bool> inherited{false};
   std::atomic<bool> shared{false};  // another process may hold the socket since fork()
-  std::atomic<bool> orphan{false};  // inherited while still on VMMC: unusable here (EIO)
   // Bytes taken off the connection before it went back to TCP, delivered
   // before anything the kernel holds; shared with fork() children (one copy).
   struct stash_area* stash = nullptr;
@@ -230,6 +229,13 @@ struct stream {
 };
 
 using stream_ptr = std::shared_ptr<stream>;
+
+// The next call on the stream, in either direction, reports `error`.
+inline void report_next(stream& s, int error) {
+  s.pending_error.store(error);
+  s.out.note_failure();
+  s.in.note_failure();
+}
 
 // Lets go of `owner`'s object for good, without destroying it: what a fork()
 // child inherited (a channel, the context) belongs to the parent, whose

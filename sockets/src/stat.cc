@@ -312,18 +312,17 @@ bool describe_row(stream& s, page::row& r) {
                   : page::row_state::undecided;
       break;
     case phase::plain:
-      if (why == fallback::none && (s.out_reverted.load() || s.in_reverted.load()))
-        why = fallback::reverted;
+      if (why == fallback::none && (s.out.reverted() || s.in.reverted())) why = fallback::reverted;
       break;
     case phase::upgraded: {
       // The channel is set before the phase says upgraded, and stays.
       redirect::channel* chan = s.inherited.load() ? nullptr : s.chan.get();
-      if (s.out_reverted.load() || s.in_reverted.load()) {
+      if (s.out.reverted() || s.in.reverted()) {
         why = fallback::reverted;
       } else if (chan && why == fallback::none) {
         // Our writes on VMMC: the peer's switch too, at the byte count its
-        // hello names (in_switched only says we have read up to it).
-        bool out = s.out_switched.load(), in = s.in_switched.load();
+        // hello names (in.switched() only says we have read up to it).
+        bool out = s.out.switched(), in = s.in.switched();
         state = out ? page::row_state::accelerated : page::row_state::upgrading;
         if ((out || in) && chan->connected()) path = chan->path();
       } else if (why == fallback::none) {
