@@ -1,7 +1,5 @@
 // context: the public handle and the lifecycle of its implementation (start:
 // providers, listeners, wake page, control thread; stop: in reverse).
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <sys/eventfd.h>
 #include <sys/random.h>
@@ -44,31 +42,33 @@ status context::impl::start(const context_options& options) {
       options.mapped_path < 0 ? setting_bool(settings::mapped_path) : options.mapped_path != 0;
   liveness = std::chrono::milliseconds(setting_integer(settings::liveness_ms));
   use_user_key = options.user_key;
-  fabric_settings.providers = std::move(providers);
-  fabric_settings.inline_max = static_cast<std::size_t>(
+  fabric_side::plan plan;
+  plan.providers = std::move(providers);
+  plan.inline_max = static_cast<std::size_t>(
       std::clamp<std::int64_t>(setting_integer(settings::inline_max), 64, 64 * 1024));
-  fabric_settings.utlb_limit = static_cast<std::size_t>(setting_integer(settings::utlb_limit));
-  fabric_settings.tcp_address = setting_string(settings::tcp_address);
-  fabric_settings.local_address = options.local_address;
+  plan.utlb_limit = static_cast<std::size_t>(setting_integer(settings::utlb_limit));
+  plan.tcp_address = setting_string(settings::tcp_address);
+  plan.local_address = options.local_address;
 
-  self.host = host_identity::local().text();
-  self.pid = static_cast<std::uint32_t>(::getpid());
-  self.uid = static_cast<std::uint32_t>(::getuid());
-  self.nonce = random_nonce();
-  self.secret.resize(16);
-  if (::getrandom(self.secret.data(), self.secret.size(), 0) !=
-      static_cast<ssize_t>(self.secret.size()))
+  peer_address me;
+  me.host = host_identity::local().text();
+  me.pid = static_cast<std::uint32_t>(::getpid());
+  me.uid = static_cast<std::uint32_t>(::getuid());
+  me.nonce = random_nonce();
+  me.secret.resize(16);
+  if (::getrandom(me.secret.data(), me.secret.size(), 0) != static_cast<ssize_t>(me.secret.size()))
     return errc::system_error;
+  fabric.start(std::move(plan), std::move(me),
+               [this](std::uint64_t immediate) { on_remote_record(immediate); });
 
   control_wakeup.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (!control_wakeup) return errc::system_error;
   if (status s = notifications.open(); !s) return s;
 
-  auto unix_fd = listen_unix(control_socket_name(self.pid, self.nonce));
+  auto unix_fd = listen_unix(control_socket_name(self().pid, self().nonce));
   if (!unix_fd) return unix_fd.error();
   unix_listener = std::move(*unix_fd);
 
-  blob = encode_address(self);
   // Same-host peers need no provider while the mapped path serves them:
   // libfabric's start costs ~0.3 s and tens of MB (tcp), so on demand it
   // waits for a peer on another host (or, the mapped path off, for the
@@ -96,7 +96,7 @@ context::impl::~impl() {
   if (control_thread.joinable()) control_thread.join();
   // Endpoints of this process that know ours let go of them while our
   // notifications, requests and imports are still there to complete.
-  for (const auto& e : endpoints()) e->leave_in_process_peers();
+  for (const auto& e : fabric.endpoints()) e->leave_in_process_peers();
   // Importers see our connections close (peer_gone); then regions go away.
   std::vector<link_ptr> closing = links.take_all();
   for (const link_ptr& link : closing)
@@ -105,66 +105,14 @@ context::impl::~impl() {
   peers.clear();
   imports.clear();
   requests.clear();
-  fabric.store(nullptr);
-  fabric_owned.reset();
+  fabric.close();
 }
-
-namespace {
-// Where remote peers reach this context (open_remote_paths explains).
-std::string address_for_peers(const std::string& configured, std::string_view local_address) {
-  if (!configured.empty()) return configured;
-  in_addr parsed{};
-  const std::string hint(local_address);
-  if (!hint.empty() && ::inet_pton(AF_INET, hint.c_str(), &parsed) == 1 &&
-      parsed.s_addr != htonl(INADDR_ANY))
-    return hint;
-  // Nobody said where: out of the network's reach.
-  return "127.0.0.1";
-}
-}  // namespace
 
 status context::impl::open_fabric(std::string_view local_address) {
-  std::lock_guard lock(fabric_mutex);
-  if (fabric_tried) return fabric.load() ? status{} : status{errc::unreachable};
-  fabric_tried = true;
-  auto paths = std::make_unique<fabric_paths>();
-  fabric_plan plan = fabric_settings;
-  plan.tcp_address = address_for_peers(plan.tcp_address,
-                                       local_address.empty() ? plan.local_address : local_address);
-  VMMC_DEBUG("remote peers reach this context at %s", plan.tcp_address.c_str());
-  std::vector<std::pair<std::string, std::vector<std::uint8_t>>> names;
-  bool remote_capable = false;
-  for (const std::string& p : plan.providers) {
-    if (p == "shm") remove_stale_fabric_shm_files();
-    auto sink = [this](std::uint64_t immediate) { on_remote_record(immediate); };
-    auto e = fabric_endpoint::open(p, plan.tcp_address, plan.inline_max, plan.utlb_limit, sink);
-    if (!e) continue;  // logged by open(); other providers may still serve
-    names.emplace_back(p, (*e)->name());
-    remote_capable |= p != "shm";
-    paths->endpoints.push_back(std::move(*e));
-  }
-  if (paths->endpoints.empty()) return errc::unreachable;
-  std::string control_tcp;
-  if (remote_capable) {
-    auto tcp_fd = listen_tcp(plan.tcp_address, control_tcp);
-    if (!tcp_fd) return tcp_fd.error();
-    paths->tcp_listener = std::move(*tcp_fd);
-  }
-  {
-    std::lock_guard address_lock(address_mutex);
-    for (auto& n : names) self.fabric.push_back(std::move(n));
-    self.control_tcp = control_tcp;
-    blob = encode_address(self);
-  }
-  fabric_owned = std::move(paths);
-  fabric.store(fabric_owned.get(), std::memory_order_release);
-  wake_control_thread();  // to watch the new listener
-  return {};
-}
-
-std::string context::impl::address_blob() const {
-  std::lock_guard lock(address_mutex);
-  return blob;
+  const bool was_open = fabric.is_open();
+  status opened = fabric.open(local_address);
+  if (opened && !was_open) wake_control_thread();  // to watch the new listener
+  return opened;
 }
 
 void context::impl::wake_control_thread() {
@@ -226,8 +174,7 @@ std::string context::address() const {
   // Without the mapped path every peer comes over the fabric: the address
   // handed out must name it (fabric_on_demand left it closed so far).
   if (!impl_->mapped_enabled) (void)impl_->open_fabric();
-  std::lock_guard lock(impl_->address_mutex);
-  return encode_address_with_secret(impl_->self);
+  return impl_->fabric.address_with_secret();
 }
 
 status context::open_remote_paths(std::string_view local_address) {
@@ -238,7 +185,7 @@ status context::check_address_from(std::string_view peer_address, const void* ot
                                    std::size_t length) const {
   auto claimed = decode_address(peer_address);
   if (!claimed) return claimed.error();
-  return check_points_back(impl_->self.host, *claimed, other_end, length);
+  return check_points_back(impl_->self().host, *claimed, other_end, length);
 }
 
 result<mappable_buffer> context::allocate(std::size_t bytes) {
@@ -417,7 +364,7 @@ counters context::stats() const {
   c.notifications_sent = impl_->count.notifications_sent;
   c.notifications_received = impl_->count.notifications_received;
   c.bytes_fetched = impl_->count.bytes_fetched;
-  for (const auto& e : impl_->endpoints()) {
+  for (const auto& e : impl_->fabric.endpoints()) {
     reg_cache_counters u = e->utlb().counters();
     c.utlb_lookups += u.lookups;
     c.utlb_hits += u.hits;

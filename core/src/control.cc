@@ -35,7 +35,7 @@ bool send_hello_reply(const context::impl::link_ptr& link, std::vector<int> fds)
 }
 
 // Verifies and answers an importer's hello. Returns false to drop the link.
-bool accept_hello(context::impl& self, const context::impl::link_ptr& link, const frame& f) {
+bool accept_hello(context::impl& ctx, const context::impl::link_ptr& link, const frame& f) {
   auto hello = parse_hello(f.type, f.body);
   if (!hello) return false;
   const wire::hello_body& h = hello->claims;
@@ -48,7 +48,7 @@ bool accept_hello(context::impl& self, const context::impl::link_ptr& link, cons
     sockaddr_storage other_end{};
     socklen_t length = sizeof other_end;
     if (::getpeername(link->conn->fd(), reinterpret_cast<sockaddr*>(&other_end), &length) != 0 ||
-        !check_points_back(self.self.host, *address, &other_end, length))
+        !check_points_back(ctx.self().host, *address, &other_end, length))
       return false;
     wire::hello_challenge_body challenge{};
     if (::getrandom(challenge.challenge, sizeof challenge.challenge, 0) !=
@@ -74,27 +74,27 @@ bool accept_hello(context::impl& self, const context::impl::link_ptr& link, cons
   if (!ring) return false;
   new ((*ring)->base) notify_ring{};
   if (!(*ring)->seal_for_peers(false)) return false;
-  self.links.set_ring(*link, *ring);
+  ctx.links.set_ring(*link, *ring);
   link->address = std::move(*address);
   link->address.uid = h.uid;
   link->blob = std::move(blob);
   return send_hello_reply(
-      link, {self.notifications.wake_page_fd(), self.notifications.fd(), (*ring)->fd.get()});
+      link, {ctx.notifications.wake_page_fd(), ctx.notifications.fd(), (*ring)->fd.get()});
 }
 
 // The importer's answer to a TCP hello's challenge: its uid counts only with
 // a proof made with our user key.
-bool accept_proof(context::impl& self, const context::impl::link_ptr& link, const frame& f) {
+bool accept_proof(context::impl& ctx, const context::impl::link_ptr& link, const frame& f) {
   wire::hello_proof_body proof{};
   if (f.type != wire::frame_type::hello_proof || !f.body_as(proof)) return false;
   link->awaiting_proof = false;
   std::memcpy(link->context_proof.data(), proof.context_proof, sizeof proof.context_proof);
-  if (proof.has_user_proof && link->claimed_uid == self.self.uid && self.use_user_key)
+  if (proof.has_user_proof && link->claimed_uid == ctx.self().uid && ctx.use_user_key)
     if (auto key = user_key()) {
       digest claimed{};
       std::memcpy(claimed.data(), proof.user_proof, sizeof proof.user_proof);
-      if (same_digest(claimed, user_proof(*key, link->challenge, self.self.nonce, self.self.uid)))
-        link->address.uid = self.self.uid;
+      if (same_digest(claimed, user_proof(*key, link->challenge, ctx.self().nonce, ctx.self().uid)))
+        link->address.uid = ctx.self().uid;
     }
   return send_hello_reply(link, {});
 }
@@ -209,9 +209,7 @@ void context::impl::control_loop() {
     // rather than spin on it.
     const bool listening = now_ns() >= accept_resumes_ns;
     fds.push_back({listening ? unix_listener.get() : -1, POLLIN, 0});
-    const fabric_paths* opened = fabric.load(std::memory_order_acquire);
-    fds.push_back(
-        {listening && opened && opened->tcp_listener ? opened->tcp_listener.get() : -1, POLLIN, 0});
+    fds.push_back({listening ? fabric.tcp_listener() : -1, POLLIN, 0});
     links.copy_to(link_list);
     peers.copy_to(peer_list);
     // Output waits in a connection only while its socket is full: flush it
@@ -228,9 +226,9 @@ void context::impl::control_loop() {
                                         std::chrono::nanoseconds(app_idle_after).count();
     control_watching_fabric.store(app_idle, std::memory_order_release);
     bool fabric_ready = false, has_unwaitable_endpoint = false;
-    for (auto& e : endpoints()) has_unwaitable_endpoint |= e->in_use() && !e->has_wait_fd();
+    for (auto& e : fabric.endpoints()) has_unwaitable_endpoint |= e->in_use() && !e->has_wait_fd();
     if (app_idle)
-      for (auto& e : endpoints())
+      for (auto& e : fabric.endpoints())
         if (e->in_use() && e->has_wait_fd()) {
           if (e->try_arm_wait())
             fds.push_back({e->wait_fd(), POLLIN, 0});
@@ -268,7 +266,7 @@ void context::impl::control_loop() {
 
     if (app_idle) {
       std::size_t handled = 0;
-      for (auto& e : endpoints())
+      for (auto& e : fabric.endpoints())
         if (e->in_use()) handled += e->try_progress();
       fabric_tick = handled
                         ? std::chrono::milliseconds(1)

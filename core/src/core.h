@@ -38,8 +38,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include "address.h"
 #include "exports.h"
 #include "fabric.h"
+#include "fabric_side.h"
 #include "id_table.h"
 #include "imports.h"
 #include "links.h"
@@ -72,45 +74,12 @@ bool same_digest(const digest& a, const digest& b);  // in constant time
 // there is none we can trust (not ours alone) or make.
 std::optional<std::vector<std::uint8_t>> user_key();
 
-// ---- address blobs (address.cc) -------------------------------------------
-struct peer_address {
-  std::string host;  // host_identity::text(): equal means "same host"
-  std::uint32_t pid = 0;
-  std::uint32_t uid = 0;
-  std::uint64_t nonce = 0;  // distinguishes contexts (and pid reuse)
-  std::string control_tcp;  // "ip:port" of the TCP control listener, may be empty
-  std::vector<std::pair<std::string, std::vector<std::uint8_t>>> fabric;  // short provider name
-  // The context's secret (";k="), in the addresses it hands out itself only:
-  // never in a hello. Proves over TCP that a hello comes from this context.
-  std::vector<std::uint8_t> secret;
-  bool same_context(const peer_address& o) const {
-    return host == o.host && pid == o.pid && nonce == o.nonce;
-  }
-
-  const std::vector<std::uint8_t>* fabric_for(std::string_view provider) const {
-    for (const auto& [name, bytes] : fabric)
-      if (name == provider) return &bytes;
-    return nullptr;
-  }
-};
-std::uint64_t random_nonce();
-// The public address (no secret): what a hello carries.
-std::string encode_address(const peer_address& a);
-// What a context hands out: the public address and its secret.
-std::string encode_address_with_secret(const peer_address& a);
 // The proofs a TCP hello's sender gives for the exporter's challenge: of
 // being the context (its secret) and of being the user (the user key).
 digest context_proof(std::span<const std::uint8_t> secret, std::span<const std::uint8_t> challenge,
                      std::uint64_t exporter_nonce);
 digest user_proof(std::span<const std::uint8_t> key, std::span<const std::uint8_t> challenge,
                   std::uint64_t exporter_nonce, std::uint32_t uid);
-// Whether `claimed`, handed to us in-band over a kernel connection whose other
-// end is `other_end` (a sockaddr), points back at that end (see
-// context::check_address_from).
-status check_points_back(const std::string& our_host, const peer_address& claimed,
-                         const void* other_end, std::size_t length);
-result<peer_address> decode_address(std::string_view text);
-std::string control_socket_name(std::uint32_t pid, std::uint64_t nonce);
 
 // ---- control sockets (connection.cc) --------------------------------------
 struct frame {
@@ -525,37 +494,16 @@ class context::impl {
   std::int64_t accept_resumes_ns = 0;  // control thread only
 
   // state ------------------------------------------------------------------
-  detail::peer_address self;  // fabric and control_tcp: under address_mutex
-  mutable std::mutex address_mutex;
-  std::string blob;  // encode_address(self), under address_mutex
   bool mapped_enabled = true;
   bool use_user_key = true;               // context_options::user_key
   std::chrono::milliseconds liveness{0};  // VMMC_CORE_LIVENESS_MS
 
-  // The fabric side: providers' endpoints and the TCP control listener remote
-  // peers reach us by. Opened at start, or with fabric_on_demand when a peer
-  // first needs it (open_fabric); fixed from then until the context ends.
-  struct fabric_paths {
-    std::vector<std::unique_ptr<detail::fabric_endpoint>> endpoints;
-    detail::unique_fd tcp_listener;
-  };
-  struct fabric_plan {
-    std::vector<std::string> providers;
-    std::string tcp_address;    // VMMC_CORE_TCP_ADDRESS
-    std::string local_address;  // context_options::local_address
-    std::size_t inline_max = 0, utlb_limit = 0;
-  } fabric_settings;
-  std::mutex fabric_mutex;  // serialises open_fabric
-  bool fabric_tried = false;
-  std::unique_ptr<fabric_paths> fabric_owned;
-  std::atomic<const fabric_paths*> fabric{nullptr};         // published once open
+  // Our address, and the fabric remote peers reach us by (fabric_side.h).
+  detail::fabric_side fabric;
+  const detail::peer_address& self() const noexcept { return fabric.identity(); }
+  // Opens the fabric on first need, and has the control thread watch its
+  // listener.
   status open_fabric(std::string_view local_address = {});  // context.cc
-  std::string address_blob() const;
-  const std::vector<std::unique_ptr<detail::fabric_endpoint>>& endpoints() const noexcept {
-    static const std::vector<std::unique_ptr<detail::fabric_endpoint>> none;
-    const fabric_paths* f = fabric.load(std::memory_order_acquire);
-    return f ? f->endpoints : none;
-  }
 
   detail::unique_fd unix_listener;
 

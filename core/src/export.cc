@@ -36,7 +36,7 @@ result<export_handle> context::impl::export_buffer(std::string_view name, void* 
   auto release_mrs = [&] {
     for (fabric_mr& m : e->mrs) m.endpoint->deregister_export(m);
   };
-  for (auto& endpoint : endpoints()) {
+  for (auto& endpoint : fabric.endpoints()) {
     auto mr = endpoint->register_export(base, length, e->allowed);
     if (!mr) {
       release_mrs();
@@ -112,11 +112,11 @@ void context::impl::handle_import_request(const link_ptr& link, const frame& f) 
     case import_policy::kind::anyone:
       break;
     case import_policy::kind::same_user:
-      if (link->address.uid != self.uid) return answer(errc::permission_denied);
+      if (link->address.uid != self().uid) return answer(errc::permission_denied);
       break;
     case import_policy::kind::named_peers: {
       bool listed = false;
-      for (const std::string& p : e->policy.peers) listed |= names_importer(p, *link, self.nonce);
+      for (const std::string& p : e->policy.peers) listed |= names_importer(p, *link, self().nonce);
       if (!listed) return answer(errc::permission_denied);
       break;
     }

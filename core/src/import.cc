@@ -33,7 +33,7 @@ result<context::impl::peer_ptr> context::impl::connect_peer(std::string_view blo
   auto peer = std::make_shared<remote_peer>();
   peer->address = std::move(*address);
   peer->blob = key;
-  peer->same_host = peer->address.host == self.host;
+  peer->same_host = peer->address.host == self().host;
 
   result<unique_fd> fd = errc::unreachable;
   if (peer->same_host)
@@ -55,9 +55,9 @@ result<context::impl::peer_ptr> context::impl::connect_peer(std::string_view blo
 
   // A peer on another host is reached over the fabric, and reaches us so.
   if (!peer->same_host) (void)open_fabric();
-  const std::string mine = address_blob();
+  const std::string mine = fabric.blob();
   std::vector<std::uint8_t> hello(sizeof(wire::hello_body) + mine.size());
-  wire::hello_body h{self.uid, self.pid, static_cast<std::uint32_t>(mine.size())};
+  wire::hello_body h{self().uid, self().pid, static_cast<std::uint32_t>(mine.size())};
   std::memcpy(hello.data(), &h, sizeof h);
   std::memcpy(hello.data() + sizeof h, mine.data(), mine.size());
   if (auto s = peer->conn->write_frame(wire::frame_type::hello, hello.data(), hello.size()); !s)
@@ -69,10 +69,10 @@ result<context::impl::peer_ptr> context::impl::connect_peer(std::string_view blo
     wire::hello_challenge_body c{};
     if (!reply->body_as(c)) return errc::protocol_error;
     wire::hello_proof_body proof{};
-    const digest context = context_proof(self.secret, c.challenge, peer->address.nonce);
+    const digest context = context_proof(self().secret, c.challenge, peer->address.nonce);
     std::memcpy(proof.context_proof, context.data(), context.size());
     if (auto user_secret = use_user_key ? user_key() : std::nullopt) {
-      const digest user = user_proof(*user_secret, c.challenge, peer->address.nonce, self.uid);
+      const digest user = user_proof(*user_secret, c.challenge, peer->address.nonce, self().uid);
       std::memcpy(proof.user_proof, user.data(), user.size());
       proof.has_user_proof = 1;
     }
@@ -113,15 +113,15 @@ result<import_handle> context::impl::import_buffer(std::string_view peer_blob,
   const bool want_mapped = mapped_enabled && p->same_host && p->wake_map;
   if (!want_mapped) (void)open_fabric();  // the first import that needs it
   fabric_endpoint* endpoint = nullptr;
-  for (auto& e : endpoints()) {
-    if ((e->short_name() == "shm") != p->same_host && endpoints().size() > 1) continue;
+  for (auto& e : fabric.endpoints()) {
+    if ((e->short_name() == "shm") != p->same_host && fabric.endpoints().size() > 1) continue;
     if (p->address.fabric_for(e->short_name())) {
       endpoint = e.get();
       break;
     }
   }
   if (!endpoint)  // e.g. a same-host peer reachable only over tcp
-    for (auto& e : endpoints())
+    for (auto& e : fabric.endpoints())
       if (p->address.fabric_for(e->short_name()) && (e->short_name() != "shm" || p->same_host)) {
         endpoint = e.get();
         break;

@@ -123,7 +123,7 @@ std::size_t context::impl::poll_notifications() {
   std::vector<notification> batch;
   links.drain_rings(batch);
   if (batch.empty())
-    for (auto& e : endpoints())
+    for (auto& e : fabric.endpoints())
       if (e->in_use()) e->try_progress();
   notifications.take(batch);
   for (const notification& n : batch) {
@@ -138,7 +138,7 @@ std::size_t context::impl::poll_notifications() {
 bool context::impl::prepare_wait() {
   std::lock_guard dispatch(notifications.dispatch_lock());
   notifications.raise_flag();
-  for (auto& e : endpoints())
+  for (auto& e : fabric.endpoints())
     if (e->in_use()) e->try_progress();
   if (notification_pending()) return false;
   // The control thread takes over fabric progress while we sleep.
@@ -153,7 +153,7 @@ result<std::size_t> context::impl::wait_notifications(std::chrono::milliseconds 
   auto sleep = [&](std::chrono::nanoseconds most) {
     if (!prepare_wait()) return true;
     std::vector<pollfd> fds{{notifications.fd(), POLLIN, 0}};
-    for (auto& e : endpoints())
+    for (auto& e : fabric.endpoints())
       if (e->in_use() && e->has_wait_fd() && e->try_arm_wait())
         fds.push_back({e->wait_fd(), POLLIN, 0});
     auto ms = std::chrono::ceil<std::chrono::milliseconds>(most).count();

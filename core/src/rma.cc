@@ -371,7 +371,7 @@ result<completion> context::impl::wait(request r, std::chrono::milliseconds time
 
 void context::impl::progress_all() {
   last_app_poll_ns.store(now_ns(), std::memory_order_relaxed);
-  for (auto& e : endpoints())
+  for (auto& e : fabric.endpoints())
     if (e->in_use()) e->progress();
 }
 
