@@ -255,7 +255,17 @@ void enter_client(stream& s, const sockaddr* address, socklen_t length) {
       reinterpret_cast<sockaddr_in6*>(&loopback)->sin6_addr = in6addr_loopback;
     address = reinterpret_cast<const sockaddr*>(&loopback);
   }
-  if (!peer_on_this_host(address)) return;  // other hosts: route.cc
+  if (!peer_on_this_host(address)) {
+    // Another host: kernel TCP for good where no fabric there beats it
+    // (route.cc), decided now: no offer byte, and no system call to learn
+    // the ends it would go to (two per connection).
+    if (auto why = keep_on_tcp_to(false)) {
+      s.fallback_reason.store(*why);
+      s.state.store(phase::plain);
+      log(3, "fd %d: plain TCP (%s)", s.fd.load(), fallback_text(*why).data());
+    }
+    return;
+  }
   const bool at_once = upgrade_after() == 0;
   const presence::listener server = presence::listener_at(address, length, at_once);
   if (server == presence::listener::plain || (at_once && server != presence::listener::entered)) {
