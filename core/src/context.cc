@@ -1,7 +1,6 @@
 // context: the public handle and the lifecycle of its implementation (start:
 // providers, listeners, wake page, control thread; stop: in reverse).
 #include <pthread.h>
-#include <sys/eventfd.h>
 #include <sys/random.h>
 #include <unistd.h>
 
@@ -61,8 +60,7 @@ status context::impl::start(const context_options& options) {
   fabric.start(std::move(plan), std::move(me),
                [this](std::uint64_t immediate) { on_remote_record(immediate); });
 
-  control_wakeup.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-  if (!control_wakeup) return errc::system_error;
+  if (status s = control.open(); !s) return s;
   if (status s = notifications.open(); !s) return s;
 
   auto unix_fd = listen_unix(control_socket_name(self().pid, self().nonce));
@@ -78,11 +76,7 @@ status context::impl::start(const context_options& options) {
     status opened = open_fabric();
     if (!opened && !mapped_enabled) return opened;
   }
-  control_thread = std::thread([this] {
-    ::pthread_setname_np(::pthread_self(), "vmmc-control");  // in ps, top, gdb
-    one_of_the_stacks_threads();
-    control_loop();
-  });
+  control.start([this] { control_loop(); });
   return {};
 }
 
@@ -91,9 +85,7 @@ context::impl::~impl() {
   // thread still runs to collect acknowledgements: no importer may be in the
   // middle of writing into us when our memory and endpoints go away.
   for (std::uint32_t id : exports.ids()) (void)unexport_buffer(export_handle{id});
-  stopping.store(true);
-  wake_control_thread();
-  if (control_thread.joinable()) control_thread.join();
+  control.stop();
   // Endpoints of this process that know ours let go of them while our
   // notifications, requests and imports are still there to complete.
   for (const auto& e : fabric.endpoints()) e->leave_in_process_peers();
@@ -111,13 +103,8 @@ context::impl::~impl() {
 status context::impl::open_fabric(std::string_view local_address) {
   const bool was_open = fabric.is_open();
   status opened = fabric.open(local_address);
-  if (opened && !was_open) wake_control_thread();  // to watch the new listener
+  if (opened && !was_open) control.wake();  // to watch the new listener
   return opened;
-}
-
-void context::impl::wake_control_thread() {
-  std::uint64_t one = 1;
-  [[maybe_unused]] ssize_t n = ::write(control_wakeup.get(), &one, sizeof one);
 }
 
 // ---- public handle ---------------------------------------------------------------

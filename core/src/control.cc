@@ -202,9 +202,9 @@ void context::impl::control_loop() {
   auto fabric_tick = std::chrono::milliseconds(1);
 
   auto& [fds, link_list, peer_list] = control_round_state;
-  while (!stopping.load(std::memory_order_acquire)) {
+  while (!control.stopping()) {
     fds.clear();
-    fds.push_back({control_wakeup.get(), POLLIN, 0});
+    fds.push_back({control.wake_fd(), POLLIN, 0});
     // Out of descriptors, a listener stays readable: rest it a moment
     // rather than spin on it.
     const bool listening = now_ns() >= accept_resumes_ns;
@@ -243,12 +243,9 @@ void context::impl::control_loop() {
     if (acks_owed.load()) timeout = std::min(timeout, std::chrono::milliseconds(1));
     if (fabric_ready) timeout = std::chrono::milliseconds(0);
     ::poll(fds.data(), fds.size(), static_cast<int>(timeout.count()));
-    if (stopping.load(std::memory_order_acquire)) break;
+    if (control.stopping()) break;
 
-    if (fds[0].revents) {
-      std::uint64_t drained;
-      [[maybe_unused]] ssize_t n = ::read(control_wakeup.get(), &drained, sizeof drained);
-    }
+    if (fds[0].revents) control.take_wakeups();
     for (int i = 1; i <= 2; ++i)
       if (fds[static_cast<std::size_t>(i)].revents & POLLIN)
         accept_links(fds[static_cast<std::size_t>(i)].fd, i == 1);
@@ -320,7 +317,7 @@ void context::impl::accept_links(int listener, bool is_unix) {
     auto link = std::make_shared<importer_link>();
     link->conn = std::make_unique<connection>(unique_fd(c), is_unix);
     link->conn->give_up_unacknowledged_after(liveness);
-    link->conn->on_backlog = [this] { wake_control_thread(); };
+    link->conn->on_backlog = [this] { control.wake(); };
     link->accepted_ns = now_ns();
     links.add(std::move(link), max_half_open);
   }

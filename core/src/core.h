@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "address.h"
+#include "control_thread.h"
 #include "exports.h"
 #include "fabric.h"
 #include "fabric_side.h"
@@ -484,8 +485,7 @@ class context::impl {
   bool notification_pending();
 
   // control.cc
-  void control_loop();
-  void wake_control_thread();
+  void control_loop();  // each round of the control thread
   void handle_link_frames(const link_ptr& link);
   void handle_peer_frames(const peer_ptr& peer);
   void link_died(const link_ptr& link);
@@ -520,7 +520,7 @@ class context::impl {
   detail::id_table<detail::op> requests;              // asynchronous, until reported
   detail::notification_queue notifications;
 
-  std::thread control_thread;
+  detail::control_thread control;
   // The control thread's working sets, reused each round. Members, not the
   // thread's locals: a fork() child, which never destroys the parent's
   // context, then still reaches them (no leak reported in sanitizer builds).
@@ -529,8 +529,6 @@ class context::impl {
     std::vector<link_ptr> links;
     std::vector<peer_ptr> peers;
   } control_round_state;
-  detail::unique_fd control_wakeup;
-  std::atomic<bool> stopping{false};
   std::atomic<std::int64_t> last_app_poll_ns{0};
   std::atomic<bool> control_watching_fabric{false};
   std::atomic<int> acks_owed{0};  // imports that owe their exporter a revoke ack

@@ -51,7 +51,7 @@ result<context::impl::peer_ptr> context::impl::connect_peer(std::string_view blo
   }
   peer->conn = std::make_unique<connection>(std::move(*fd), peer->same_host);
   peer->conn->give_up_unacknowledged_after(liveness);
-  peer->conn->on_backlog = [this] { wake_control_thread(); };
+  peer->conn->on_backlog = [this] { control.wake(); };
 
   // A peer on another host is reached over the fabric, and reaches us so.
   if (!peer->same_host) (void)open_fabric();
@@ -95,7 +95,7 @@ result<context::impl::peer_ptr> context::impl::connect_peer(std::string_view blo
     peer->wake_eventfd = std::move(reply->fds[1]);
   }
   peers.add(key, peer);
-  wake_control_thread();  // start watching the new connection
+  control.wake();  // start watching the new connection
   return peer;
 }
 

@@ -142,7 +142,7 @@ bool context::impl::prepare_wait() {
     if (e->in_use()) e->try_progress();
   if (notification_pending()) return false;
   // The control thread takes over fabric progress while we sleep.
-  if (!control_watching_fabric.load(std::memory_order_acquire)) wake_control_thread();
+  if (!control_watching_fabric.load(std::memory_order_acquire)) control.wake();
   return true;
 }
 
