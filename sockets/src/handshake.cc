@@ -342,10 +342,15 @@ void ask_locked(stream& s) {
     case presence::listener::none: {
       auto theirs = presence::peer_socket(local, length, server, length);
       if (theirs && presence::entry_of(*theirs) != presence::entry::absent) break;
-      // Not yet: looked for again after 1, 2, 4 ... 64 more calls, 8 times.
-      constexpr std::uint32_t looks = 8;
-      const std::uint32_t gap = 1u << std::min(s.looks_made++, 6u);
-      if (s.looks_made > looks) return stay(fallback::peer_plain);
+      // Not yet: looked for again after 1, 2, 4 ... 256 more calls, for
+      // as long as the connection lasts. The server enters its socket at
+      // its own first look (its 16th call), which a fast writer's hundreds
+      // of calls can come before: a server busy with others, or not run
+      // for a while (a TLS upload through unmodified socat, whose server
+      // reads records in two calls, gave up so on every run on a busy
+      // machine). A server without vmmc costs a look (one sock_diag query)
+      // per 256 calls.
+      const std::uint32_t gap = 1u << std::min(s.looks_made++, 8u);
       s.next_look.store(calls + gap);
       return;
     }

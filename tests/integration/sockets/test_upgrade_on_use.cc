@@ -9,9 +9,12 @@
 #include <signal.h>
 #include <sys/epoll.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdio>
 #include <thread>
+#include <vector>
 
 #include "integration/sockets/support.h"
 #include "support/fault.h"
@@ -329,6 +332,49 @@ TEST(UpgradeOnUse, AClientReadingUrgentBytesInlineTakesTheAnswerNotData) {
   vmmc_api.close(client);
   vmmc_api.close(server);
   vmmc_api.close(listener);
+}
+
+// A server that closed its listener (it served one connection, as socat
+// without fork) is found by its connection's socket, which it enters at
+// its own first look, its 16th call. A fast writer made hundreds of calls
+// before that when the server was late to read (busy, or not run), gave
+// up looking after 8 looks and stayed on kernel TCP for good (a TLS upload
+// through unmodified socat on a busy machine, every run). Here the server
+// reads only once the client has written 1000 pieces.
+TEST(UpgradeOnUse, AWriterFasterThanAServerWithoutAListenerStillMovesToTheChannel) {
+  connection c(vmmc_api, vmmc_api);
+  ASSERT_GE(c.server, 0) << std::strerror(errno);
+  vmmc_api.close(c.listener);
+  c.listener = -1;
+  const int client = c.client, server = c.server;
+  constexpr std::size_t piece = 1024, early = 1000, total = std::size_t{64} << 20;
+  std::atomic<bool> written_early{false};
+  std::uint64_t got = 0;
+  std::thread reader([&] {
+    while (!written_early.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::vector<unsigned char> in(64 << 10);
+    while (got < total) {
+      ssize_t n = vmmc_api.read(server, in.data(), std::min<std::size_t>(in.size(), total - got));
+      if (n <= 0) return;
+      got += static_cast<std::size_t>(n);
+    }
+  });
+  std::vector<unsigned char> data(16 << 10);
+  std::size_t sent = 0;
+  for (std::size_t i = 0; i < early; ++i, sent += piece)  // fits the socket buffers
+    ASSERT_TRUE(write_all(vmmc_api, client, data.data(), piece)) << std::strerror(errno);
+  written_early.store(true);
+  while (sent < total) {
+    const std::size_t n = std::min(data.size(), total - sent);
+    ASSERT_TRUE(write_all(vmmc_api, client, data.data(), n)) << std::strerror(errno);
+    sent += n;
+  }
+  reader.join();
+  EXPECT_EQ(got, total);
+  EXPECT_EQ(check_accelerated(vmmc_api, server), "");
+  auto info = vmmc::sockets::describe(server);
+  ASSERT_TRUE(info.has_value());
+  EXPECT_GT(info->bytes_in, total / 2) << describe_text(info);
 }
 
 // A plain end is known as one once the connection earned a channel: the
