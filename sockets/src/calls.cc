@@ -848,6 +848,7 @@ std::optional<socket_info> describe(int fd) {
   // Kernel TCP for good with no reason to fall back (the connection ended,
   // or was shut down, before it earned a channel) is no plain peer.
   info.plain = s->state.load() == phase::plain && s->fallback_reason.load() != fallback::none;
+  if (info.plain) info.why = fallback_text(s->fallback_reason.load());
   info.accelerated =
       s->state.load() == phase::upgraded && s->out.on_channel() && s->in.on_channel();
   info.path = info.accelerated && s->chan && s->chan->connected() ? s->chan->path() : "tcp";

@@ -139,7 +139,8 @@ inline void PrintTo(const api* a, std::ostream* out) {
 inline std::string describe_text(const std::optional<vs::socket_info>& info) {
   if (!info) return "describe() = nullopt";
   return "accelerated=" + std::to_string(info->accelerated) +
-         " plain=" + std::to_string(info->plain) + " path=" + info->path +
+         " plain=" + std::to_string(info->plain) +
+         (info->why.empty() ? "" : " (" + info->why + ")") + " path=" + info->path +
          " tcp_in=" + std::to_string(info->tcp_bytes_in) +
          " tcp_out=" + std::to_string(info->tcp_bytes_out) +
          " in=" + std::to_string(info->bytes_in) + " out=" + std::to_string(info->bytes_out) +

@@ -107,6 +107,7 @@ int epoll_pwait(int epfd, epoll_event* events, int max_events, int timeout_ms,
 struct socket_info {
   bool accelerated;  // both directions run over VMMC
   bool plain;        // decided: the peer is a plain TCP program (or set-up failed)
+  std::string why;   // why it is kernel TCP for good, as vmmc-stat says it ("" if it is not)
   std::string path;  // "mapped", "fabric:<provider>", or "tcp"
   std::uint64_t tcp_bytes_in, tcp_bytes_out;     // application bytes that went over TCP
   std::uint64_t bytes_in, bytes_out;             // application bytes over VMMC
