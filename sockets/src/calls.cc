@@ -259,11 +259,7 @@ void enter_client(stream& s, const sockaddr* address, socklen_t length) {
     // Another host: kernel TCP for good where no fabric there beats it
     // (route.cc), decided now: no offer byte, and no system call to learn
     // the ends it would go to (two per connection).
-    if (auto why = keep_on_tcp_to(false)) {
-      s.fallback_reason.store(*why);
-      s.state.store(phase::plain);
-      log(3, "fd %d: plain TCP (%s)", s.fd.load(), fallback_text(*why).data());
-    }
+    if (auto why = keep_on_tcp_to(false)) mark_plain(s, *why);
     return;
   }
   const bool at_once = upgrade_after() == 0;
@@ -369,9 +365,7 @@ int accept4(int fd, sockaddr* address, socklen_t* length, int flags) {
   } else if (auto why = keep_on_tcp_to(peer_here)) {
     // A client on another host that VMMC would not serve better: plain at
     // once (a server that speaks first then never waits for an offer).
-    s->fallback_reason.store(*why);
-    s->state.store(phase::plain);
-    log(3, "fd %d: plain TCP (%s)", client, fallback_text(*why).data());
+    mark_plain(*s, *why);
   } else if (peer_here) {
     // A client on this host asks once its connection has earned a channel;
     // until then neither end puts a byte of ours on the wire or makes a

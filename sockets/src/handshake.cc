@@ -80,6 +80,12 @@ bool send_all(int fd, const void* data, std::size_t length, int flags) {
   });
 }
 
+void mark_plain(stream& s, fallback why) {
+  s.fallback_reason.store(why);
+  s.state.store(phase::plain);
+  log(3, "fd %d: plain TCP (%s)", s.fd.load(), fallback_text(why).data());
+}
+
 namespace {
 // Reads exactly `length` bytes (the server's hello frame follows its accept
 // byte at once, so this waits a round trip at most; bounded anyway).
@@ -121,10 +127,8 @@ redirect::channel_options channel_options_for(stream& s) {
 }
 
 void become_plain(stream& s, fallback why) {
-  s.fallback_reason.store(why);
-  s.state.store(phase::plain);
+  mark_plain(s, why);
   stat_publish(s);
-  log(3, "fd %d: plain TCP (%s)", s.fd.load(), fallback_text(why).data());
 }
 
 // The peer broke the upgrade protocol: nothing more it sent can be told

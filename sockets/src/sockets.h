@@ -344,6 +344,9 @@ bool wildcard(const sockaddr* address);
 // Sends all of a small control message, waiting for the socket (bounded).
 bool send_all(int fd, const void* data, std::size_t length, int flags);
 void send_offer(stream& s);  // client: right after the connection is up
+// Kernel TCP for good, for `why` (said in the debug log). The caller
+// publishes the stream's row (a connect or accept publishes it anyway).
+void mark_plain(stream& s, fallback why);
 // Server channels made for an offer whose client has not said hello yet
 // (each holds two descriptors, its area's memfd and its wait eventfd, and
 // a mapping): at most an eighth of the process's descriptor limit (a
