@@ -31,6 +31,9 @@ class spinner {
   // What the caller waited for came, and it waits again for more: the wait
   // so far counts as one, a new one begins.
   void restart() noexcept;
+  // Its spin yields at every look now: the caller should look at every turn
+  // (a peer that shares the CPU cannot answer while turns go by unyielded).
+  bool yielding() const noexcept { return yielding_; }
 
  private:
   void start(clock::time_point now) noexcept;
@@ -45,6 +48,7 @@ class spinner {
   bool spent_ = false;      // the last again() said "sleep"
   bool plain_ = true;       // the peer may run beside us: spin plainly first
   bool no_yields_ = false;  // costly yields: spin plainly throughout
+  bool yielding_ = false;   // the last again() yielded
   bool forced_ = false;     // costly yields, not the thread's budget, said "sleep at once"
   bool may_sleep_ = true;
   bool crowded_ = false;        // began on a machine with more runnable threads than CPUs
