@@ -305,7 +305,8 @@ std::size_t iterations_for(double target_seconds, double probe_seconds,
   return static_cast<std::size_t>(wanted);
 }
 
-effort effort_for(bool quick) {
+effort effort_for(bool quick, scope what) {
+  if (what == scope::latency) return quick ? effort{0.01, 9} : effort{0.04, 15};
   return quick ? effort{0.02, 3} : effort{0.1, 5};
 }
 

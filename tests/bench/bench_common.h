@@ -108,12 +108,20 @@ std::size_t iterations_for(double target_seconds, double probe_seconds,
                            std::size_t probe_iterations, std::size_t min_iterations,
                            std::size_t max_iterations);
 
+// What a pair benchmark measures: all its rows (its own benchmark), or only
+// its small-message round trips (`vmmc-bench contention`, which repeats them
+// under several CPU conditions and must stay within --quick's 30 s).
+enum class scope { all, latency };
+
 // How long one repeat of a measurement should last, and how many repeats.
+// Round trips alone (scope::latency) are measured in more, shorter repeats:
+// on a crowded machine a figure swings with the scheduler from one repeat to
+// the next, and only many repeats, alternated, compare two sides fairly.
 struct effort {
   double repeat_seconds;
   int repeats;
 };
-effort effort_for(bool quick);
+effort effort_for(bool quick, scope what = scope::all);
 
 // Measures one size: `run(n)` performs n iterations and returns seconds. A
 // probe of `probe_iterations` sizes the repeats to effort_for(quick); returns
@@ -134,11 +142,6 @@ double calibrated_median(bool quick, std::size_t probe_iterations, std::size_t m
 // slices (ping-pong latencies of milliseconds), so main() warns when this is
 // at least 1. Returns 0 if /proc/stat cannot be read.
 double other_runnable_processes();
-
-// What a pair benchmark measures: all its rows (its own benchmark), or only
-// its small-message round trips (`vmmc-bench contention`, which repeats them
-// under several CPU conditions and must stay within --quick's 30 s).
-enum class scope { all, latency };
 
 // ---------------------------------------------------------------- sizes
 

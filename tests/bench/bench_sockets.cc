@@ -540,18 +540,28 @@ struct socket_results {
 // (the machine has two cores) hits both alike and the gain stays honest.
 // Appends the two medians of value(seconds, n) to `kernel` and `ours`.
 template <class Run, class Value>
-void side_by_side(clients& c, bool quick, std::size_t probe, std::size_t most, Run run, Value value,
-                  std::vector<double>& kernel, std::vector<double>& ours) {
-  const effort e = effort_for(quick);
+void side_by_side(clients& c, const effort& e, std::size_t probe, std::size_t most, Run run,
+                  Value value, std::vector<double>& kernel, std::vector<double>& ours) {
   auto iterations = [&](auto& side) {
     return iterations_for(e.repeat_seconds, run(side, probe), probe, probe, most);
   };
   const std::size_t kernel_n = iterations(c.kernel);
   const std::size_t ours_n = iterations(c.ours);
   std::vector<double> kernel_values, ours_values;
+  // Each side goes first every other repeat: neither always runs just after
+  // the other has warmed or crowded the machine.
   for (int i = 0; i < e.repeats; ++i) {
-    kernel_values.push_back(value(run(c.kernel, kernel_n), kernel_n));
-    ours_values.push_back(value(run(c.ours, ours_n), ours_n));
+    auto measure_kernel = [&] {
+      kernel_values.push_back(value(run(c.kernel, kernel_n), kernel_n));
+    };
+    auto measure_ours = [&] { ours_values.push_back(value(run(c.ours, ours_n), ours_n)); };
+    if (i % 2 == 0) {
+      measure_kernel();
+      measure_ours();
+    } else {
+      measure_ours();
+      measure_kernel();
+    }
   }
   kernel.push_back(median(std::move(kernel_values)));
   ours.push_back(median(std::move(ours_values)));
@@ -592,7 +602,8 @@ void measure_sockets(bool quick, scope what, socket_results& kernel, socket_resu
         clients c{client<kernel_api>(link), client<vmmc_api>(link)};
         auto both = [&](std::size_t probe, std::size_t most, auto run, auto value,
                         std::vector<double> socket_results::*into) {
-          side_by_side(c, quick, probe, most, run, value, kernel.*into, ours.*into);
+          side_by_side(c, effort_for(quick, what), probe, most, run, value, kernel.*into,
+                       ours.*into);
         };
         // Warm-up, and for ours the switch-over, which happens on first bytes.
         c.kernel.ping_pong(64, quick ? 200 : 2000);

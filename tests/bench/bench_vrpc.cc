@@ -176,15 +176,25 @@ void measure_vrpc_rows(bool quick, const std::string& prefix, std::vector<result
         for (transport t : all_transports) null_call(clients[int(t)]);  // connect, upgrade
         // Full runs alternate the transports in rounds and keep each one's
         // best: one measurement apart in time compares machine states too.
-        // So do quick ones of the null call alone (the contention rows, on a
-        // machine whose state changes by the second).
-        const int rounds = quick && what == scope::all ? 1 : 3;
+        // The null call alone (the contention rows, on a machine whose state
+        // changes by the second) takes more rounds, each transport first in
+        // turn, and keeps the median: beside threads that compute, the best
+        // round says which transport had the luckiest time slices.
+        const int rounds = what == scope::latency ? 7 : quick ? 1 : 3;
         auto best = [](double& into, double got, bool higher) {
           if (std::isnan(into) || (higher ? got > into : got < into)) into = got;
         };
+        std::vector<double> null_rounds[3];
         for (int round = 0; round < rounds; ++round)
-          for (transport t : all_transports)
-            best(m[int(t)].null_us, null_call_us(clients[int(t)], quick), false);
+          for (int i = 0; i < 3; ++i) {
+            const transport t = all_transports[(round + i) % 3];
+            null_rounds[int(t)].push_back(null_call_us(clients[int(t)], quick));
+          }
+        for (transport t : all_transports)
+          m[int(t)].null_us =
+              what == scope::latency
+                  ? median(null_rounds[int(t)])
+                  : *std::min_element(null_rounds[int(t)].begin(), null_rounds[int(t)].end());
         link.send("tick");
         if (what == scope::all)
           for (transport t : all_transports)
