@@ -28,10 +28,16 @@
 //    try a yield again;
 //  - on a machine with more runnable threads than CPUs, not at all when
 //    that has paid: whether those threads are peers that answer or loops
-//    that compute, nothing cheap tells, so each thread tries waits that
-//    sleep at once (20 ms) against its spin policy (20 ms), and keeps what
-//    ended its waits sooner for 0.4 s, longer each time the choice repeats
-//    (at most 6.4 s). A watch (no sleep step) is left out.
+//    that compute, nothing cheap tells, so each thread that would spin
+//    plainly tries 32 waits that sleep at once against 32 by its spin
+//    policy, and keeps what ended its waits sooner for 0.4 s, longer each
+//    time the choice repeats (at most 6.4 s). A trial is counted in waits,
+//    not time: a thread that waits in bursts would spend a timed one idle.
+//    A watch (no sleep step), and a waiter that yields from the first turn
+//    (its own yielding peers make the machine look crowded), are left out.
+//
+// A waiter that yields looks at every turn, whatever its turns_per_look:
+// a peer that shares its CPU cannot answer while turns go by unyielded.
 #pragma once
 #pragma GCC visibility push(default)  // the library's API (see cmake/layer.cmake)
 
