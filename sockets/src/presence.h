@@ -44,7 +44,7 @@ void remove(std::uint64_t cookie);
 // reach: none (a program that accepts one connection and closes its
 // listener, as for an FTP data connection, has none once its connection is
 // under way), plain, or entered. Answers of the last second are reused,
-// but for an entered one when `fresh`.
+// unless `fresh`.
 enum class listener { none, plain, entered };
 listener listener_at(const sockaddr* address, socklen_t length, bool fresh);
 // A TCP socket of this host: its owner and cookie.
