@@ -95,8 +95,17 @@ bool others_waiting(int own_fd) {
 }
 
 // Nothing buffered: drain doorbells and take what is there, arming the
-// doorbell if nothing is. True when bytes came.
+// doorbell if nothing is. True when bytes came. On kernel TCP for good, a
+// read of what is there is all (svc_run's poll says when more comes): the
+// look and the arming cost a connection across hosts three system calls a
+// call, and 4 client threads got 0.86x libtirpc's calls/s.
 bool take_or_arm(connection& c) {
+  if (c.stream.on_kernel_tcp()) {
+    long n = c.stream.try_fill();
+    if (n > 0) return true;
+    if (n == 0 || !would_block(errno)) c.dead = true;
+    return false;
+  }
   pollfd p{c.xprt.xp_fd, POLLIN, 0};
   sockets::poll(&p, 1, 0);
   long n = c.stream.try_fill();
@@ -154,7 +163,9 @@ xprt_stat connection_stat(SVCXPRT* xprt) {
       return XPRT_MOREREQS;
   }
   c.served = false;
-  if (take_or_arm(c)) return XPRT_MOREREQS;
+  // On kernel TCP, svc_run's poll looks for the next call, as it does for
+  // libtirpc's own connections (a read here would mostly find nothing).
+  if (!c.stream.on_kernel_tcp() && take_or_arm(c)) return XPRT_MOREREQS;
   c.resume = false;
   c.streak = 0;
   return c.dead ? XPRT_DIED : XPRT_IDLE;

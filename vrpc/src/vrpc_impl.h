@@ -45,6 +45,10 @@ class record_stream {
   // The connection runs over VMMC: false while the sockets layer has not
   // decided, and for good once it is kernel TCP; true for good once on VMMC.
   bool on_vmmc() { return path() == path_kind::vmmc; }
+  // The connection is kernel TCP for good (a peer without vmmc, another
+  // host, or a decision not to upgrade): readable in the kernel exactly
+  // when bytes are there, as for libtirpc's own transports.
+  bool on_kernel_tcp() { return path() == path_kind::kernel_tcp; }
   XDR* encoder() { return &out_xdr_; }
   XDR* decoder() { return &in_xdr_; }
 
