@@ -169,6 +169,12 @@ finish_server() {
   digest "server: exit $server_status after SIG$sig"
 }
 digest() { echo "$*" >>"$run/digest"; }          # what must equal the reference
+# stall_snapshot <seconds> (in the background): after that long, vmmc-stat's
+# view of every process on the host into $run/stall.stat, printed with the
+# failure. stop_snapshot <pid>: not needed any more (its sleep ends, so
+# nothing is left running).
+stall_snapshot() { sleep "$1" && "$build/tools/vmmc-stat" >"$run/stall.stat" 2>&1 || true; }
+stop_snapshot() { pkill -P "$1" -x sleep 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
 problem() { echo "$*" >>"$run/problems"; }       # a failure in itself
 # figure <value>: the headline figure of this run, unless it failed already.
 figure() { if [[ $1 =~ ^[0-9.]+$ && ! -s $run/problems ]]; then printf '%.1f\n' "$1" >"$run/figure"; fi; }
@@ -284,8 +290,14 @@ case_socat_fork() {
   for i in "${!socat_sizes[@]}"; do
     client "socat$i" - socat -t 10 -b 65536 - "TCP:127.0.0.1:$port" <"$work/socat$i.in" &
   done
-  wait $(jobs -p | grep -vx "$server")
+  # Its clients take seconds: one still running after 100 s is stalled (CI19
+  # saw one, 601,600 of 32 MiB echoed), and what vmmc-stat then says of every
+  # connection on the host goes with the failure.
+  local watchdog
+  stall_snapshot 100 2>/dev/null & watchdog=$!
+  wait $(jobs -p | grep -vx -e "$server" -e "$watchdog")
   t1=$(now)
+  stop_snapshot "$watchdog"
   for i in "${!socat_sizes[@]}"; do
     got=$(sha "$run/socat$i.out") sent=$(cat "$work/socat$i.sha")
     digest "socat$i: echo sha256 $got"
@@ -531,6 +543,10 @@ report() {
         for f in "$d"/*.out "$d"/*.err "$d"/server.log; do
           if [[ -s $f ]]; then echo "   last lines of $(basename "$f") (this mode):"; last_lines 6 "$f"; fi
         done
+        if [[ -s $d/stall.stat ]]; then
+          echo "   vmmc-stat while a client was stalled (this mode):"
+          head -n 40 "$d/stall.stat" | cut -c1-200 | sed 's/^/     /'
+        fi
         for f in "$ref"/*.err "$ref"/server.log; do
           if [[ -s $f ]]; then echo "   last lines of $(basename "$f") (reference):"; last_lines 3 "$f"; fi
         done
