@@ -100,20 +100,18 @@ bool others_waiting(int own_fd) {
 // look and the arming cost a connection across hosts three system calls a
 // call, and 4 client threads got 0.86x libtirpc's calls/s.
 bool take_or_arm(connection& c) {
-  if (c.stream.on_kernel_tcp()) {
-    long n = c.stream.try_fill();
-    if (n > 0) return true;
-    if (n == 0 || !would_block(errno)) c.dead = true;
-    return false;
+  const bool kernel_tcp = c.stream.on_kernel_tcp();
+  if (!kernel_tcp) {
+    pollfd p{c.xprt.xp_fd, POLLIN, 0};
+    sockets::poll(&p, 1, 0);
   }
-  pollfd p{c.xprt.xp_fd, POLLIN, 0};
-  sockets::poll(&p, 1, 0);
   long n = c.stream.try_fill();
   if (n > 0) return true;
   if (n == 0 || !would_block(errno)) {
     c.dead = true;
     return false;
   }
+  if (kernel_tcp) return false;
   // Armed. A call the client finished writing while we armed may not ring:
   // redirect's prepare_sleep looks for readable bytes only before it arms,
   // and afterwards only for bytes still in flight. Look once more, now that
