@@ -443,11 +443,16 @@ int listen_reusing(const api& a, int& port) {
   int on = 1;
   sockaddr_in address = loopback(port);
   socklen_t length = sizeof address;
-  if (fd < 0 || a.setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on) != 0 ||
+  if (fd < 0) return -1;
+  if (a.setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on) != 0 ||
       a.bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
       a.listen(fd, 16) != 0 ||
-      a.getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0)
+      a.getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    int saved = errno;
+    a.close(fd);
+    errno = saved;
     return -1;
+  }
   port = ntohs(address.sin_port);
   return fd;
 }
