@@ -240,6 +240,7 @@ TEST(Progress, AWaiterWhosePeerSharesItsCpuYieldsFromItsFirstTurn) {
   core::set_peers_share_cpus(true);
   undisturbed([] {
     int turns = 0;
+    waited result = waited::done;
     std::thread t([&] {
       cpu_set_t one;
       CPU_ZERO(&one);
@@ -257,16 +258,19 @@ TEST(Progress, AWaiterWhosePeerSharesItsCpuYieldsFromItsFirstTurn) {
       });
       while (!peer_running.load()) std::this_thread::yield();
       asked = true;
-      EXPECT_EQ(wait_until(
-                    [&] {
-                      ++turns;
-                      return answered.load();
-                    },
-                    clock::time_point::max(), std::nullopt, {.turns_per_look = 32}),
-                waited::done);
+      result = wait_until(
+          [&] {
+            ++turns;
+            return answered.load();
+          },
+          clock::time_point::max(), std::nullopt, {.turns_per_look = 32});
       peer.join();
     });
     t.join();
+    // A whole spin (200 us) of yields without the peer running: the yields
+    // went to another program's thread on that CPU (CI saw one). A waiter
+    // that did not yield fails here too, every run, until runs are given up.
+    if (result != waited::done) return false;
     // A yield may return before the peer ran (the scheduler picks by
     // virtual run time): a few turns, not the 32 of a look.
     EXPECT_LE(turns, 8) << "turns before the peer could answer";
