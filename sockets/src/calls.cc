@@ -834,6 +834,27 @@ int describe_line(int fd, char* out, size_t length) {
   return n;
 }
 
+int wakeup_descriptor(int fd, int limit) {
+  detail::api_call entered;
+  stream_ptr s = find(fd);
+  const int wait_fd = s ? wait_fd_of(*s) : -1;
+  if (wait_fd < 0) {
+    errno = s ? ENOTCONN : EBADF;
+    return -1;
+  }
+  // A copy: the channel's own closes with the channel, and a number the
+  // caller polls must not come to name another file meanwhile.
+  const int copy = ::fcntl(wait_fd, F_DUPFD_CLOEXEC, 0);
+  if (copy < 0) return -1;
+  if (copy >= limit) {
+    ::close(copy);
+    errno = EMFILE;
+    return -1;
+  }
+  s->sleeps_in_our_waits.store(true, std::memory_order_relaxed);
+  return copy;
+}
+
 std::optional<socket_info> describe(int fd) {
   detail::api_call entered;
   stream_ptr s = find(fd);

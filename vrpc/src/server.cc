@@ -11,9 +11,13 @@
 // Between a reply and the client's next call it watches the channel for as
 // long as core's spin policy lets a wait spin (core/progress.h), without a
 // system call, unless other transports are waiting: a closed-loop client
-// then pays no doorbell.
+// then pays no doorbell. Where the sockets layer has a wake-up descriptor
+// for the connection (a client on this host), a second, small SVCXPRT puts
+// it in svc_run's poll too: the client then wakes an idle connection with
+// an eventfd write, not a TCP segment each way.
 #include <rpc/rpc.h>
 // After rpc.h, which they rely on:
+#include <rpc/rpc_com.h>
 #include <rpc/svc_auth.h>
 #include <rpc/svc_mt.h>
 
@@ -30,6 +34,7 @@
 #include <chrono>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "vmmc/core/progress.h"
@@ -56,6 +61,12 @@ struct connection {
 
   SVCXPRT xprt{};
   SVCXPRT_EXT extension{};
+  // The waker: svc_run polls the wake-up descriptor through it (-1: none
+  // yet; asked once the connection is on VMMC).
+  SVCXPRT waker{};
+  SVCXPRT_EXT waker_extension{};
+  bool waker_asked = false;
+  bool woken_by_waker = false;  // svc_run found the wake-up descriptor readable
   record_stream stream;
   char verifier[MAX_AUTH_BYTES]{};
   sockaddr_in peer{}, local{};
@@ -85,23 +96,28 @@ bool would_block(int e) {
 }
 
 // Some other transport of svc_run's has something to do.
-bool others_waiting(int own_fd) {
+bool others_waiting(const connection& c) {
   thread_local std::vector<pollfd> fds;
   if (!svc_pollfd || svc_max_pollfd <= 1) return false;
   fds.assign(svc_pollfd, svc_pollfd + svc_max_pollfd);
   for (pollfd& p : fds)
-    if (p.fd == own_fd) p.fd = -1;
+    if (p.fd == c.xprt.xp_fd || (c.waker.xp_ops && p.fd == c.waker.xp_fd)) p.fd = -1;
   return ::poll(fds.data(), fds.size(), 0) > 0;
 }
+
+void watch_wakeups(connection& c);  // the waker, below
 
 // Nothing buffered: drain doorbells and take what is there, arming the
 // doorbell if nothing is. True when bytes came. On kernel TCP for good, a
 // read of what is there is all (svc_run's poll says when more comes): the
 // look and the arming cost a connection across hosts three system calls a
-// call, and 4 client threads got 0.86x libtirpc's calls/s.
-bool take_or_arm(connection& c) {
+// call, and 4 client threads got 0.86x libtirpc's calls/s. `look_at_tcp`:
+// first let the sockets layer see what the kernel holds (doorbells, the
+// peer's records, the end); needless where the wake-up descriptor woke us
+// or will, since svc_run's poll watches the kernel descriptor anyway.
+bool take_or_arm(connection& c, bool look_at_tcp) {
   const bool kernel_tcp = c.stream.on_kernel_tcp();
-  if (!kernel_tcp) {
+  if (!kernel_tcp && look_at_tcp) {
     pollfd p{c.xprt.xp_fd, POLLIN, 0};
     sockets::poll(&p, 1, 0);
   }
@@ -126,7 +142,8 @@ bool_t connection_recv(SVCXPRT* xprt, rpc_msg* msg) {
   if (c.dead) return FALSE;
   c.stream.clear_failure();
   if (c.stream.in_record() && !c.stream.skip_record()) return c.dead = true, FALSE;
-  if (c.stream.buffered() == 0 && !c.resume && !take_or_arm(c)) return FALSE;
+  const bool by_waker = std::exchange(c.woken_by_waker, false);
+  if (c.stream.buffered() == 0 && !c.resume && !take_or_arm(c, !by_waker)) return FALSE;
   c.resume = false;
   c.stream.begin_record();
   if (!xdr_callmsg(c.stream.decoder(), msg)) {
@@ -151,7 +168,7 @@ xprt_stat connection_stat(SVCXPRT* xprt) {
   }
   c.resume = true;
   if (c.stream.buffered() > 0) return XPRT_MOREREQS;
-  if (c.served && c.stream.on_vmmc() && !(++c.streak % 4 == 0 && others_waiting(c.xprt.xp_fd))) {
+  if (c.served && c.stream.on_vmmc() && !(++c.streak % 4 == 0 && others_waiting(c))) {
     auto next_call_came = [&] {
       int ready = 0;
       return sockets::ioctl(c.xprt.xp_fd, FIONREAD, &ready) == 0 && ready > 0;
@@ -161,9 +178,11 @@ xprt_stat connection_stat(SVCXPRT* xprt) {
       return XPRT_MOREREQS;
   }
   c.served = false;
+  // Before the read that arms: it arms for the wake-up descriptor from then on.
+  if (!c.waker_asked && c.stream.on_vmmc()) watch_wakeups(c);
   // On kernel TCP, svc_run's poll looks for the next call, as it does for
   // libtirpc's own connections (a read here would mostly find nothing).
-  if (!c.stream.on_kernel_tcp() && take_or_arm(c)) return XPRT_MOREREQS;
+  if (!c.stream.on_kernel_tcp() && take_or_arm(c, c.waker.xp_ops == nullptr)) return XPRT_MOREREQS;
   c.resume = false;
   c.streak = 0;
   return c.dead ? XPRT_DIED : XPRT_IDLE;
@@ -213,6 +232,10 @@ void connection_destroy(SVCXPRT* xprt) {
   connection* c = &conn(xprt);
   untrack(c);
   xprt_unregister(xprt);
+  if (c->waker.xp_ops) {
+    xprt_unregister(&c->waker);
+    ::close(c->waker.xp_fd);
+  }
   if (SVC_XP_AUTH(xprt).svc_ah_ops) SVCAUTH_DESTROY(&SVC_XP_AUTH(xprt));
   sockets::close(xprt->xp_fd);
   delete c;
@@ -296,6 +319,41 @@ void untrack(connection* c) {
   auto& live = sweeper->connections;
   live.erase(std::remove(live.begin(), live.end(), c), live.end());
   if (live.empty()) set_sweeping(false);
+}
+
+// --- the waker: a readable wake-up descriptor means the client wrote a
+// call to an idle connection. Served through svc_getreq_common on the
+// connection's own descriptor, as the sweeper does: the dispatch and
+// svc_vmmc_path see the connection's SVCXPRT, never this one. (If that ends
+// the connection, svc_getreq_common finds this SVCXPRT unregistered and
+// stops.)
+
+bool_t waker_recv(SVCXPRT* xprt, rpc_msg*) {
+  std::uint64_t wakeups;
+  (void)!::read(xprt->xp_fd, &wakeups, sizeof wakeups);
+  connection& c = conn(xprt);
+  const int fd = c.xprt.xp_fd;
+  c.woken_by_waker = true;  // the next recv's (it may end the connection)
+  svc_getreq_common(fd);
+  return FALSE;
+}
+
+const struct __rpc_svcxprt::xp_ops waker_ops = {waker_recv, idle_stat, no_getargs,
+                                                no_reply,   free_args, never_destroyed};
+
+void watch_wakeups(connection& c) {
+  c.waker_asked = true;
+  // xprt_register ignores descriptors beyond libtirpc's table.
+  const int fd = sockets::wakeup_descriptor(c.xprt.xp_fd, _rpc_dtablesize());
+  if (fd < 0) return;  // the client rings over TCP, as before
+  SVCXPRT& w = c.waker;
+  w.xp_fd = fd;
+  w.xp_ops = &waker_ops;
+  w.xp_ops2 = &control_ops;
+  w.xp_netid = tcp_netid;
+  w.xp_p1 = &c;
+  w.xp_p3 = &c.waker_extension;
+  xprt_register(&w);
 }
 
 // --- the listener: a readable descriptor means a connection to accept.
@@ -382,6 +440,6 @@ extern "C" const char* svc_vmmc_path(const SVCXPRT* xprt) {
   if (xprt->xp_ops == &listener_ops) return "listener";
   if (xprt->xp_ops != &connection_ops) return nullptr;
   connection& c = *static_cast<connection*>(xprt->xp_p1);
-  c.path = path_of(xprt->xp_fd);
+  c.path = path_of(c.xprt.xp_fd);
   return c.path.c_str();
 }

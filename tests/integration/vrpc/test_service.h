@@ -18,6 +18,7 @@
 #include <cstring>
 #include <string>
 
+#include "vmmc/sockets/socket.h"
 #include "vmmc/vrpc/vrpc.h"
 
 namespace vrpc_test {
@@ -74,6 +75,9 @@ inline std::string describe_request(svc_req* request) {
   text += std::string(" caller=") + address;
   netbuf* rpc_caller = svc_getrpccaller(x);
   text += " rpccaller_len=" + std::to_string(rpc_caller ? rpc_caller->len : 0);
+  // TCP segments that woke this connection (vRPC connections only).
+  if (auto info = vmmc::sockets::describe(x->xp_fd))
+    text += " doorbells_in=" + std::to_string(info->doorbells_in);
   return text;
 }
 

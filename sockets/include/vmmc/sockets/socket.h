@@ -102,6 +102,20 @@ int epoll_wait(int epfd, epoll_event* events, int max_events, int timeout_ms);
 int epoll_pwait(int epfd, epoll_event* events, int max_events, int timeout_ms,
                 const sigset_t* mask);
 
+// For a program that sleeps in a kernel poll of its own (libtirpc's svc_run
+// under a vRPC server), where an armed peer on this host would otherwise
+// wake it with a TCP segment: a new descriptor (an eventfd, close-on-exec,
+// the caller's to close) that becomes readable when the peer wakes a sleeper
+// of `fd`. From this call on, a read of `fd` that finds nothing arms the
+// peer to write it instead. The caller polls it beside `fd` (the end of the
+// stream, and peers that cannot write it, still wake `fd`) and reads its 8
+// bytes when it found it readable. -1 with errno ENOTCONN when `fd` has no
+// such descriptor (not upgraded, or the process was short of descriptors),
+// EBADF for a descriptor this library does not manage, EMFILE when the new
+// descriptor's number would not be below `limit` (the size of the caller's
+// table of descriptors, e.g. _rpc_dtablesize()); nothing changes then.
+int wakeup_descriptor(int fd, int limit);
+
 // What this library knows about one descriptor; nullopt for descriptors it
 // does not manage. For tests, benchmarks and diagnostics.
 struct socket_info {
