@@ -37,7 +37,7 @@ namespace vmmc::sockets::detail::presence {
 // Our entry `cookie` says the connection stays kernel TCP by our choice (we
 // shut our writes down before it earned a channel, or share it since
 // fork()): the server is not to take us for a plain program.
-void decline(std::uint64_t cookie);
+[[gnu::visibility("default")]] void decline(std::uint64_t cookie);
 // Takes the cookie's entry out (0: nothing).
 void remove(std::uint64_t cookie);
 // The listening socket a connection to `address` (on this host) would
@@ -54,12 +54,16 @@ struct socket_id {
 };
 // The socket at the other end of a connection (on this host), given the
 // connection's two addresses as this end sees them (a sock_diag lookup).
-std::optional<socket_id> peer_socket(const sockaddr* local, socklen_t local_length,
-                                     const sockaddr* peer, socklen_t peer_length);
+// (Exported, with entry_of, for the test suite's relay, which mirrors the
+// entry of the client behind it.)
+[[gnu::visibility("default")]] std::optional<socket_id> peer_socket(const sockaddr* local,
+                                                                    socklen_t local_length,
+                                                                    const sockaddr* peer,
+                                                                    socklen_t peer_length);
 // Whether that socket is entered in its owner's table, and asks or
 // declined (memory only: a lookup per connection, then a load per look).
 enum class entry { absent, entered, asking, declined };
-entry entry_of(const socket_id& socket);
+[[gnu::visibility("default")]] entry entry_of(const socket_id& socket);
 // The program is about to close the descriptors first..last or put other
 // files in their place: our lookup socket among them is forgotten (a later
 // lookup makes another).

@@ -21,6 +21,7 @@
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <set>
 #include <sstream>
@@ -147,7 +148,12 @@ struct lane {
 
 struct link {
   int client = -1, target = -1;
-  lane up, down;            // client -> target, target -> client
+  lane up, down;  // client -> target, target -> client
+  // Upgrades passed: the client's presence entry, mirrored on our socket to
+  // the target (its cookie) once the client asks or declines.
+  std::optional<sockets::detail::presence::socket_id> client_entry;
+  std::uint64_t target_cookie = 0;
+  bool mirrored = false;
   bool discarding = false;  // after a close fault: read and drop until both end
   bool client_eof = false, target_eof = false;
   bool finished = false;
@@ -250,6 +256,8 @@ class relay::impl {
         if (l.finished) continue;
         if (fds[at].revents & POLLOUT) l.down.blocked = false;
         if (fds[at + 1].revents & POLLOUT) l.up.blocked = false;
+        // Before the client's bytes pass: a client asks, then writes.
+        mirror_client_entry(l);
         if (fds[at].revents & (POLLIN | POLLHUP | POLLERR)) take_in(l, l.up, l.client_eof);
         if (!l.finished && (fds[at + 1].revents & (POLLIN | POLLHUP | POLLERR)))
           take_in(l, l.down, l.target_eof);
@@ -294,11 +302,11 @@ class relay::impl {
       int c = ::accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
       if (c < 0) return;
       int t = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-      // Posing as a client that asks at once, as the vmmc client behind it
-      // does in the tests (VMMC_SOCKETS_UPGRADE_AFTER=0): the server answers
-      // at its first call, and the answer reaches a client watching for it.
-      if (t >= 0 && pass_upgrades_)
-        sockets::detail::presence::ask(sockets::detail::presence::enter(t));
+      // Entered as a vmmc client's socket; it asks when the client behind
+      // it asks (mirror_client_entry), so the server answers when it would
+      // answer that client, whether it asks at once or mid-stream.
+      const std::uint64_t cookie =
+          t >= 0 && pass_upgrades_ ? sockets::detail::presence::enter(t) : 0;
       if (t < 0 || ::connect(t, reinterpret_cast<const sockaddr*>(&target_), sizeof target_) != 0) {
         // The target refused: the client sees a reset, as from a closed port.
         set_reset_on_close(c);
@@ -317,13 +325,43 @@ class relay::impl {
       auto l = std::make_unique<link>();
       l->client = c;
       l->target = t;
+      l->target_cookie = cookie;
+      if (cookie) {
+        sockaddr_storage local{}, peer{};
+        socklen_t local_length = sizeof local, peer_length = sizeof peer;
+        if (::getsockname(c, reinterpret_cast<sockaddr*>(&local), &local_length) == 0 &&
+            ::getpeername(c, reinterpret_cast<sockaddr*>(&peer), &peer_length) == 0)
+          l->client_entry = sockets::detail::presence::peer_socket(
+              reinterpret_cast<sockaddr*>(&local), local_length, reinterpret_cast<sockaddr*>(&peer),
+              peer_length);
+      }
       std::uint64_t index = next_index_++;
       set_up_lane(l->up, c, t, up_plan_, index, true);
       set_up_lane(l->down, t, c, down_plan_, index, false);
       count(&relay_counters::connections, 1);
+      mirror_client_entry(*l);  // a client that asks at once may have asked already
       links_.push_back(std::move(l));
       mark_points(links_.back()->up);
       mark_points(links_.back()->down);
+    }
+  }
+
+  // Once the client behind `l` asks for the upgrade (or declines it), our
+  // socket to the target says the same: the server looks at our entry.
+  static void mirror_client_entry(link& l) {
+    namespace presence = sockets::detail::presence;
+    if (l.mirrored || !l.client_entry) return;
+    switch (presence::entry_of(*l.client_entry)) {
+      case presence::entry::asking:
+        presence::ask(l.target_cookie);
+        l.mirrored = true;
+        break;
+      case presence::entry::declined:
+        presence::decline(l.target_cookie);
+        l.mirrored = true;
+        break;
+      default:
+        break;
     }
   }
 

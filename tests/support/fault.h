@@ -136,8 +136,10 @@ struct relay_counters {
 // On one host a vmmc client offers the upgrade only to a listener that a
 // vmmc process entered in the presence table, and a server answers only a
 // client entered there (sockets/src/presence.h). A relay that passes
-// upgrades enters its own sockets, as a relay across hosts (which nobody
-// asks) would pass them: the tests then see the in-band upgrade cross it.
+// upgrades enters its own sockets, and its socket to the target asks (or
+// declines) once the client behind it does, as a relay across hosts (which
+// nobody asks) would pass them: the tests then see the in-band upgrade cross
+// it, whether the client asks at once or mid-stream.
 //
 // Bounded: a connection is closed once both directions ended; the
 // destructor closes what is left (plain close) and joins the thread.
