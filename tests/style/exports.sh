@@ -4,9 +4,10 @@
 # no symbol of a detail namespace or an impl class, nor one that names such
 # a type (a constructor taking an impl, a std template instance over a
 # detail type), but the internal entry points the test suite's impostor
-# peers use. Usage: exports.sh <lib>...
+# peers and its relay (which mirrors the presence entry of the client behind
+# it) use. Usage: exports.sh <lib>...
 set -euo pipefail
-allowed='^vmmc::sockets::detail::presence::(enter\(int\)|ask\(unsigned long\))$'
+allowed='^vmmc::sockets::detail::presence::(enter\(int\)|ask\(unsigned long\)|decline\(unsigned long\)|entry_of\(vmmc::sockets::detail::presence::socket_id const&\)|peer_socket\(sockaddr const\*, unsigned int, sockaddr const\*, unsigned int\))$'
 bad=0
 for lib in "$@"; do
   symbols=$(nm -DC --defined-only "$lib" | awk '$2 ~ /^[TWVDBRiu]$/ { $1 = ""; $2 = ""; sub(/^  /, ""); print }')
