@@ -61,8 +61,8 @@ struct connection {
 
   SVCXPRT xprt{};
   SVCXPRT_EXT extension{};
-  // The waker: svc_run polls the wake-up descriptor through it (-1: none
-  // yet; asked once the connection is on VMMC).
+  // The waker: svc_run polls the wake-up descriptor through it (no xp_ops:
+  // none; asked once, when the connection is first on VMMC).
   SVCXPRT waker{};
   SVCXPRT_EXT waker_extension{};
   bool waker_asked = false;
