@@ -277,11 +277,20 @@ sockaddr_in loopback(int port) {
 }
 
 int listen_loopback(const api& a, int* port, int backlog) {
+  int any = 0;
+  int fd = listen_loopback_at(a, &any, backlog, false);
+  if (fd >= 0) *port = any;
+  return fd;
+}
+
+int listen_loopback_at(const api& a, int* port, int backlog, bool reuse_address) {
   int fd = a.socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return -1;
-  sockaddr_in address = loopback(0);
+  sockaddr_in address = loopback(*port);
   socklen_t length = sizeof address;
-  if (a.bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
+  int on = 1;
+  if ((reuse_address && a.setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on) != 0) ||
+      a.bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
       a.listen(fd, backlog) != 0 ||
       a.getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
     int saved = errno;

@@ -129,6 +129,8 @@ std::uint64_t raise_fd_limit();
 sockaddr_in loopback(int port);
 // A listening socket on 127.0.0.1:0, its port in *port; -1 with errno on failure.
 int listen_loopback(const api& a, int* port, int backlog = 128);
+// The same on 127.0.0.1:*port (0: any), with SO_REUSEADDR when asked.
+int listen_loopback_at(const api& a, int* port, int backlog, bool reuse_address);
 // A connected socket (blocking unless `nonblocking`, then connect may still
 // be in progress); -1 on failure with errno set.
 int connect_loopback(const api& a, int port, bool nonblocking = false);

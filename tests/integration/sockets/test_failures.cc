@@ -437,26 +437,6 @@ TEST_P(Failures, AServerKnowsAPlainClientAtAcceptAndNeverWaitsForAnOffer) {
   io().close(listener);
 }
 
-// A listener on `port` (0: any), with SO_REUSEADDR; its port in `port`.
-int listen_reusing(const api& a, int& port) {
-  int fd = a.socket(AF_INET, SOCK_STREAM, 0);
-  int on = 1;
-  sockaddr_in address = loopback(port);
-  socklen_t length = sizeof address;
-  if (fd < 0) return -1;
-  if (a.setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on) != 0 ||
-      a.bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
-      a.listen(fd, 16) != 0 ||
-      a.getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    int saved = errno;
-    a.close(fd);
-    errno = saved;
-    return -1;
-  }
-  port = ntohs(address.sin_port);
-  return fd;
-}
-
 // A client remembers what listens at an address for a second (a load
 // generator asks the kernel once a second at connect, not at every one).
 // A vmmc server that takes a plain server's port over within that second
@@ -471,7 +451,7 @@ int listen_reusing(const api& a, int& port) {
 TEST_P(Failures, AVmmcServerOnThePortAPlainServerJustLeftIsAsked) {
   if (!io().vmmc) GTEST_SKIP() << "the kernel has nothing to decide";
   int port = 0;
-  int plain_listener = listen_reusing(kernel_api, port);
+  int plain_listener = listen_loopback_at(kernel_api, &port, 16, true);
   ASSERT_GE(plain_listener, 0) << std::strerror(errno);
   char got[4] = {};
   {
@@ -485,7 +465,7 @@ TEST_P(Failures, AVmmcServerOnThePortAPlainServerJustLeftIsAsked) {
     ::close(server);
   }
   ::close(plain_listener);
-  int listener = listen_reusing(io(), port);
+  int listener = listen_loopback_at(io(), &port, 16, true);
   ASSERT_GE(listener, 0) << "port " << port << ": " << std::strerror(errno);
   const char* after = std::getenv("VMMC_SOCKETS_UPGRADE_AFTER");
   if (!after || std::string(after) != "0") std::this_thread::sleep_for(1100ms);
