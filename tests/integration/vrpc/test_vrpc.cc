@@ -121,9 +121,9 @@ TEST_F(vrpc, a_client_wakes_an_idle_server_connection_without_a_tcp_segment) {
     std::this_thread::sleep_for(2ms);
   ASSERT_TRUE(echo_round_trip(ours, "upgraded"));
   auto doorbells = [&] {
-    const std::string who = whoami(ours);
-    const auto at = who.find(" doorbells_in=");
-    return at == std::string::npos ? -1L : std::atol(who.c_str() + at + 14);
+    const std::string who = whoami(ours), key = " doorbells_in=";
+    const auto at = who.find(key);
+    return at == std::string::npos ? -1L : std::atol(who.c_str() + at + key.size());
   };
   const long before = doorbells();
   ASSERT_GE(before, 0);
