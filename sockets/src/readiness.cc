@@ -522,6 +522,12 @@ std::uint32_t member_events(epoll_set& set, int fd, interest& in, std::uint32_t 
   stream* s = member_stream(set, in);
   if (!s || !needs_us(*s)) return kev & (in.user.events | EPOLLERR | EPOLLHUP);
   std::uint32_t wanted = in.user.events;
+  // Edge-triggered: the activity count is taken before readiness is
+  // judged, so that what came after the count (and maybe before the
+  // judgement) is news for the next wait. Taken after, an echo landing
+  // between the two was counted as reported but reported only as EPOLLOUT,
+  // and a program that reads on EPOLLIN waited for it for ever.
+  const std::uint64_t activity = (wanted & EPOLLET) ? activity_of(*s) : 0;
   auto ev = static_cast<std::uint32_t>(static_cast<std::uint16_t>(
       ready_events(*s, static_cast<short>(wanted & 0xffff), static_cast<short>(kev & 0xffff))));
   ev &= wanted | EPOLLERR | EPOLLHUP;
@@ -534,7 +540,6 @@ std::uint32_t member_events(epoll_set& set, int fd, interest& in, std::uint32_t 
   if (wanted & EPOLLET) {
     // Edge-triggered: a stream is reported again only when something new
     // came, from the kernel or through its channel.
-    std::uint64_t activity = activity_of(*s);
     if (kev == 0 && activity == in.reported_activity) return 0;
     in.reported_activity = activity;
   }
@@ -690,9 +695,9 @@ bool any_stream_ready(epoll_set& set) {
     stream* s = member_stream(set, in);
     if (!s || (s->state.load() != phase::upgraded && stash_size(*s) == 0)) continue;
     auto wanted = static_cast<short>(in.user.events & 0xffff);
+    const std::uint64_t activity = activity_of(*s);  // before readiness, as member_events
     if (ready_events(*s, wanted, 0) & wanted) {
       if (!(in.user.events & EPOLLET)) return true;
-      std::uint64_t activity = activity_of(*s);
       if (activity != in.reported_activity) return true;
     }
   }
