@@ -49,7 +49,9 @@ ssize_t receive_vector(stream& s, const iovec* iov, int count, int flags, bool r
     auto call = [&] {
       return rw && flags == 0 ? ::readv(s.fd, iov, count) : ::recvmsg(s.fd, &m, flags);
     };
-    if (deferred_call(s, call, (flags & MSG_PEEK) ? nullptr : &s.tcp_in, n)) return n;
+    if (deferred_call(s, call, (flags & MSG_PEEK) ? nullptr : &s.tcp_in, n,
+                      !wants_no_wait(s, flags)))
+      return n;
   }
   ssize_t total = 0;
   for (int i = 0; i < count; ++i) {

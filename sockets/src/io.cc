@@ -42,6 +42,17 @@ bool tcp_failed(stream& s) {
   return true;
 }
 
+bool wants_no_wait(const stream& s, int flags) {
+  return (flags & MSG_DONTWAIT) || s.nonblocking.load(std::memory_order_relaxed);
+}
+
+// When a read with SO_RCVTIMEO gives up; never without one.
+clock::time_point receive_deadline(const stream& s) {
+  auto timeout = s.receive_timeout.load();
+  return timeout == std::chrono::milliseconds::max() ? clock::time_point::max()
+                                                     : clock::now() + timeout;
+}
+
 namespace {
 constexpr ssize_t switched = -2;  // receive_raw: the rest comes from the channel
 
@@ -73,17 +84,6 @@ int errno_for(const std::error_code& e) {
   if (e == errc::closed) return EPIPE;
   if (e == errc::not_connected) return ENOTCONN;
   return EIO;
-}
-
-bool wants_no_wait(const stream& s, int flags) {
-  return (flags & MSG_DONTWAIT) || s.nonblocking.load(std::memory_order_relaxed);
-}
-
-// When a read with SO_RCVTIMEO gives up; never without one.
-clock::time_point receive_deadline(const stream& s) {
-  auto timeout = s.receive_timeout.load();
-  return timeout == std::chrono::milliseconds::max() ? clock::time_point::max()
-                                                     : clock::now() + timeout;
 }
 
 // The peer's raw prefix is all read: TCP carries doorbells from here on.
@@ -398,7 +398,9 @@ ssize_t receive(stream& s, void* buffer, size_t length, int flags, bool rw) {
   for (ssize_t n = 0; p == phase::deferred; p = s.state.load()) {
     if (s.asked.load() && watched_receive(s, buffer, length, flags, watch_until, n)) return n;
     auto call = [&] { return kernel_read(s.fd, buffer, length, flags, rw); };
-    if (deferred_call(s, call, (flags & MSG_PEEK) ? nullptr : &s.tcp_in, n)) return n;
+    if (deferred_call(s, call, (flags & MSG_PEEK) ? nullptr : &s.tcp_in, n,
+                      !wants_no_wait(s, flags)))
+      return n;
   }
   if (p != phase::upgraded) return kernel_read(s.fd, buffer, length, flags, rw);
   // The decision above may have failed the connection (fail_connection).

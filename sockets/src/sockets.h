@@ -131,6 +131,11 @@ struct stream {
   // the kernel (a read there could take the peer's first record for data).
   std::atomic<int> in_kernel{0};
   std::atomic<bool> upgrade_claimed{false};
+  // A claim found a call in the kernel: until the stream leaves the phase,
+  // reads that would block wait for the kernel's bytes outside it, so that
+  // a thread blocked for its peer's next bytes does not hold the upgrade
+  // off (deferred_call).
+  std::atomic<bool> upgrade_due{false};
   std::atomic<std::uint32_t> tcp_calls{0};
   std::atomic<bool> peer_hello_seen{false};  // server: the client's channel hello arrived
   // Server: this stream's channel counts against max_awaiting_client until
@@ -357,12 +362,19 @@ int max_awaiting_client();
 void release_awaiting_slot(stream& s);
 bool check_connected(stream& s);  // connecting -> undecided once connected
 void try_decide(stream& s, bool wait_for_first_byte);
+// The call may not block (MSG_DONTWAIT, or O_NONBLOCK on the socket).
+bool wants_no_wait(const stream& s, int flags);
+// When a read with SO_RCVTIMEO gives up; never without one.
+std::chrono::steady_clock::time_point receive_deadline(const stream& s);
 // Deferred: one kernel call (`call` returns its result), counted towards the
 // channel; the bytes it moved add to `counter` (tcp_in or tcp_out; null for
 // a peek). Returns false, without calling, if the stream left the phase
-// meanwhile: the caller starts over.
+// meanwhile: the caller starts over. `blocking_read`: the call is a read
+// that may block, which waits outside the kernel while an upgrade is due
+// (stream::upgrade_due).
 bool deferred_call(stream& s, core::function_ref<ssize_t()> call,
-                   std::atomic<std::uint64_t>* counter, ssize_t& result);
+                   std::atomic<std::uint64_t>* counter, ssize_t& result,
+                   bool blocking_read = false);
 // VMMC_SOCKETS_UPGRADE_AFTER, read once: the calls a connection makes on
 // kernel TCP before its channel (0: at once).
 std::uint32_t upgrade_after();
