@@ -345,19 +345,24 @@ status channel::impl::attach(const parsed_descriptor& peer_area,
                                           sizeof(sockaddr_storage));
         !s)
       return s;
-  auto h = ctx.import_buffer(peer_area.address, peer_area.name, patience);
-  if (!h) {
-    // Its area was exported before its hello named it: gone now means the
-    // peer went, or is going (its end destroyed, the export withdrawn).
-    if (h.is(errc::peer_gone) || h.is(errc::unknown_export))
+  // Its area was exported before its hello named it: gone now means the
+  // peer went, or is going (its end destroyed, the export withdrawn). A
+  // wait that never attached has no import to ask later (gone()), so it
+  // must learn it here: a reader whose writer was killed as it switched
+  // waited for ever (its import succeeded, the first fetch found the peer
+  // gone).
+  auto failed = [&](std::error_code e) {
+    if (e == errc::peer_gone || e == errc::unknown_export || e == errc::unknown_handle)
       departed.store(true, std::memory_order_relaxed);
-    return h.error();
-  }
+    return e;
+  };
+  auto h = ctx.import_buffer(peer_area.address, peer_area.name, patience);
+  if (!h) return failed(h.error());
   peer = *h;
   if (options.connection_broken) (void)ctx.give_up_when(peer, options.connection_broken);
   if (status s = bind_peer(peer_area); !s) {
     (void)ctx.unimport_buffer(peer);
-    return s;
+    return failed(s.error());
   }
   // Published last: other threads read the fields above once they see it.
   attached.store(true, std::memory_order_release);

@@ -103,7 +103,18 @@ run() {
     impair=$!
     pids+=("$impair")
   fi
+  # The fault comes 1.5 s into the stream, and never before the writer has
+  # streamed over the fabric (vmmc) for half a second: a program's start-up
+  # is not ours to know (python3 behind a pyenv shim started in 0.7 s, and
+  # the writer switched 2.2 s after its start: a fixed 1.5 s faulted it on
+  # TCP, or as it switched; a kill then is another case, see the README's
+  # limits).
+  for _ in $(seq 200); do grep -q "^sent" "$work/writer" 2>/dev/null && break; sleep 0.05; done
   sleep 1.5
+  if [[ $mode == vmmc ]] && ! grep -q "switched to fabric" "$work/writer.err" 2>/dev/null; then
+    for _ in $(seq 200); do grep -q "switched to fabric" "$work/writer.err" 2>/dev/null && break; sleep 0.05; done
+    sleep 0.5
+  fi
   case $kase in
     flap) ip -n "$a" link set "$reader_link" down; sleep 3; ip -n "$a" link set "$reader_link" up ;;
     stop_reader) kill -STOP "$r"; sleep 5; kill -CONT "$r" ;;
