@@ -390,8 +390,9 @@ void earn_channel(stream& s, bool may_ask) {
     return;
   }
   s.upgrade_claimed.store(true);
-  if (s.in_kernel.load() != 0) s.upgrade_due.store(true);
-  if (s.in_kernel.load() == 0) {
+  if (s.in_kernel.load() != 0) {
+    s.upgrade_due.store(true);
+  } else {
     log(3, "fd %d: earned a channel (%u calls, %llu bytes)", s.fd.load(), s.tcp_calls.load(),
         static_cast<unsigned long long>(s.tcp_in.load() + s.tcp_out.load()));
     if (s.out.is_shut() || s.shared.load())
@@ -436,8 +437,9 @@ void look_for_ask(stream& s) {
   pollfd closed{s.fd, POLLRDHUP, 0};
   if (::poll(&closed, 1, 0) != 0) return;
   s.upgrade_claimed.store(true);
-  if (s.in_kernel.load() != 0) s.upgrade_due.store(true);
-  if (s.in_kernel.load() == 0) {
+  if (s.in_kernel.load() != 0) {
+    s.upgrade_due.store(true);
+  } else {
     s.client_vouched.store(true);
     s.inherited.store(false);  // a fork() child serving it: the channel is its own
     answer_ask(s);
