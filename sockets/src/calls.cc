@@ -50,7 +50,7 @@ ssize_t receive_vector(stream& s, const iovec* iov, int count, int flags, bool r
       return rw && flags == 0 ? ::readv(s.fd, iov, count) : ::recvmsg(s.fd, &m, flags);
     };
     if (deferred_call(s, call, (flags & MSG_PEEK) ? nullptr : &s.tcp_in, n,
-                      !wants_no_wait(s, flags)))
+                      {.blocking_read = !wants_no_wait(s, flags), .unwatched_read = true}))
       return n;
   }
   ssize_t total = 0;

@@ -546,7 +546,7 @@ bool await_kernel_bytes(stream& s) {
 }  // namespace
 
 bool deferred_call(stream& s, core::function_ref<ssize_t()> call,
-                   std::atomic<std::uint64_t>* counter, ssize_t& result, bool blocking_read) {
+                   std::atomic<std::uint64_t>* counter, ssize_t& result, kernel_call kind) {
   const bool server = !s.is_client.load(std::memory_order_relaxed);
   if (server &&
       s.tcp_calls.load(std::memory_order_relaxed) >= s.next_look.load(std::memory_order_relaxed)) {
@@ -576,7 +576,7 @@ bool deferred_call(stream& s, core::function_ref<ssize_t()> call,
   // read blocked there for the peer's next bytes would hold it off that
   // long. A program that reads in one thread and writes in another, each
   // blocked in turn, moved 20-180 MB each way over TCP before it came.
-  if (blocking_read && s.upgrade_due.load(std::memory_order_relaxed)) {
+  if (kind.blocking_read && s.upgrade_due.load(std::memory_order_relaxed)) {
     if (!await_kernel_bytes(s)) {
       result = -1;
       errno = EAGAIN;
@@ -588,6 +588,15 @@ bool deferred_call(stream& s, core::function_ref<ssize_t()> call,
   if (s.upgrade_claimed.load() || s.state.load() != phase::deferred) {
     s.in_kernel.fetch_sub(1);
     std::lock_guard wait(s.setup_mutex);  // held while the stream leaves the phase
+    return false;
+  }
+  // Another thread asked since the caller chose this read (while it waited
+  // above, say): the answer may be at the head, and a recv() there steps
+  // over the urgent byte and hands out the hello frame as data. The caller
+  // goes again, watching. An ask made after this look finds us in the
+  // kernel (in_kernel) and waits.
+  if (kind.unwatched_read && s.asked.load()) {
+    s.in_kernel.fetch_sub(1);
     return false;
   }
   result = call();
@@ -619,7 +628,8 @@ bool watched_receive(stream& s, void* buffer, size_t length, int flags,
   // hello frame behind it as data; a peek shows what a recv() would take.
   ssize_t n = 0;
   auto peek = [&] { return ::recv(s.fd, buffer, length, (flags & ~MSG_WAITALL) | MSG_PEEK); };
-  if (!deferred_call(s, peek, nullptr, n, !wants_no_wait(s, flags))) return false;
+  if (!deferred_call(s, peek, nullptr, n, {.blocking_read = !wants_no_wait(s, flags)}))
+    return false;
   if (n < 0) {
     result = -1;
     return true;

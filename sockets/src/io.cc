@@ -399,7 +399,7 @@ ssize_t receive(stream& s, void* buffer, size_t length, int flags, bool rw) {
     if (s.asked.load() && watched_receive(s, buffer, length, flags, watch_until, n)) return n;
     auto call = [&] { return kernel_read(s.fd, buffer, length, flags, rw); };
     if (deferred_call(s, call, (flags & MSG_PEEK) ? nullptr : &s.tcp_in, n,
-                      !wants_no_wait(s, flags)))
+                      {.blocking_read = !wants_no_wait(s, flags), .unwatched_read = true}))
       return n;
   }
   if (p != phase::upgraded) return kernel_read(s.fd, buffer, length, flags, rw);

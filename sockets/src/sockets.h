@@ -366,15 +366,22 @@ void try_decide(stream& s, bool wait_for_first_byte);
 bool wants_no_wait(const stream& s, int flags);
 // When a read with SO_RCVTIMEO gives up; never without one.
 std::chrono::steady_clock::time_point receive_deadline(const stream& s);
+// What a deferred kernel call does, for the phase's rules (deferred_call).
+struct kernel_call {
+  // A read that may block: it waits outside the kernel while an upgrade is
+  // due (stream::upgrade_due).
+  bool blocking_read = false;
+  // A read that would step over the urgent mark (any but watched_receive's):
+  // never made once the client asked, as the answer may be at the head.
+  bool unwatched_read = false;
+};
 // Deferred: one kernel call (`call` returns its result), counted towards the
 // channel; the bytes it moved add to `counter` (tcp_in or tcp_out; null for
 // a peek). Returns false, without calling, if the stream left the phase
-// meanwhile: the caller starts over. `blocking_read`: the call is a read
-// that may block, which waits outside the kernel while an upgrade is due
-// (stream::upgrade_due).
+// meanwhile, or if an unwatched read finds the client asked: the caller
+// starts over.
 bool deferred_call(stream& s, core::function_ref<ssize_t()> call,
-                   std::atomic<std::uint64_t>* counter, ssize_t& result,
-                   bool blocking_read = false);
+                   std::atomic<std::uint64_t>* counter, ssize_t& result, kernel_call kind = {});
 // VMMC_SOCKETS_UPGRADE_AFTER, read once: the calls a connection makes on
 // kernel TCP before its channel (0: at once).
 std::uint32_t upgrade_after();
