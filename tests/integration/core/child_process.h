@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <thread>
@@ -22,6 +24,9 @@ class child_process {
                          std::chrono::seconds lifetime = std::chrono::seconds(60)) {
     int fds[2];
     if (::pipe(fds) != 0) std::abort();
+#if defined(__SANITIZE_ADDRESS__)
+    others_asleep();
+#endif
     pid_ = ::fork();
     if (pid_ == 0) {
       ::close(fds[0]);
@@ -53,8 +58,12 @@ class child_process {
     return line;
   }
 
-  pid_t pid() const { return pid_; }
-  void kill_now() { ::kill(pid_, SIGKILL); }
+  pid_t pid() const {
+    return pid_;
+  }
+  void kill_now() {
+    ::kill(pid_, SIGKILL);
+  }
   // Exit code, or 128 + signal.
   int wait() {
     int status = 0;
@@ -64,6 +73,30 @@ class child_process {
   }
 
  private:
+#if defined(__SANITIZE_ADDRESS__)
+  // GCC 12's AddressSanitizer takes none of its allocator's locks around
+  // fork(): a child forked while another thread holds one waits for it for
+  // ever (CI: the child's own context's new thread, in
+  // SizeClassAllocator64::GetFromAllocator, so the parent's import of the
+  // child's buffer timed out). So the fork waits, up to 2 s, for every other
+  // thread of ours to sleep (a context's threads sleep in poll when idle).
+  static void others_asleep() {
+    const std::string self = std::to_string(::gettid());
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    for (;;) {
+      bool all = true;
+      for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+        if (task.path().filename() == self) continue;
+        std::ifstream stat(task.path() / "stat");
+        std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+        const auto at = text.rfind(") ");
+        if (at != std::string::npos && text[at + 2] != 'S') all = false;
+      }
+      if (all || std::chrono::steady_clock::now() >= until) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+#endif
   pid_t pid_ = -1;
   int from_child_ = -1;
   bool reaped_ = false;
