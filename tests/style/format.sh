@@ -22,12 +22,19 @@ else
             -name '*.c' -o -name '*.cc' -o -name '*.h')
 fi
 files=$(grep -v '^nx/include/fnx\.h$' <<<"$files")
+# One clang-format for all (one a file took 25 s); it names each file that
+# differs in its "<file>:<line>:<column>: error:" lines.
+# shellcheck disable=SC2086  # the file names have no spaces
+report=$(clang-format --dry-run -Werror $files 2>&1 >/dev/null) || true
+bad_files=$(grep -oE '^[^:]+:[0-9]+:[0-9]+: error' <<<"$report" | cut -d: -f1 | sort -u || true)
 bad=0
-for f in $files; do
-  if ! clang-format --dry-run -Werror "$f" >/dev/null 2>&1; then
-    echo "not formatted: $f (clang-format -i $f)"
-    bad=$((bad + 1))
-  fi
+for f in $bad_files; do
+  echo "not formatted: $f (clang-format -i $f)"
+  bad=$((bad + 1))
 done
+if [ "$bad" = 0 ] && grep -q 'error' <<<"$report"; then
+  echo "clang-format failed: $report"
+  exit 1
+fi
 echo "$(wc -w <<<"$files") files checked, $bad not formatted"
 [ "$bad" = 0 ]
