@@ -307,7 +307,7 @@ status context::impl::wait_op(op& o, clock::time_point deadline) {
                      napping(std::chrono::microseconds(50)));
     return errc::peer_gone;
   };
-  bool gone = false;
+  bool gone = false, nudged = false;
   auto finished = [&] {
     if (ep) ep->progress();
     if (done()) return true;
@@ -322,6 +322,15 @@ status context::impl::wait_op(op& o, clock::time_point deadline) {
       gone = true;
     }
     if (gone) return false;
+    // A provider without a wait object (shm) is progressed, in an exporter
+    // whose application is idle, on its control thread's tick, which backs
+    // off to 10 ms; a transfer that needs the target's progress (shm's
+    // beyond its inline size) waited that long. An empty frame on the
+    // control connection wakes that thread now, once an op.
+    if (ep && !ep->has_wait_fd() && o.import && !nudged) {
+      nudged = true;
+      (void)o.import->peer->conn->write_frame(wire::frame_type::heartbeat, nullptr, 0);
+    }
     if (ep)
       ep->sleep_for_completions(std::min<std::chrono::microseconds>(
           std::chrono::milliseconds(1), std::chrono::ceil<std::chrono::microseconds>(most)));
