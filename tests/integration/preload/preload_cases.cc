@@ -1405,12 +1405,12 @@ bool mapped(const char* name) {
 int lean_case() {
   int u = udp_echo();
   char c = 0;
-  sockaddr_in self{};
-  socklen_t length = sizeof self;
-  ::getsockname(u, reinterpret_cast<sockaddr*>(&self), &length);
+  sockaddr_in own{};
+  socklen_t length = sizeof own;
+  ::getsockname(u, reinterpret_cast<sockaddr*>(&own), &length);
   // A connect() to an IPv4 address: the interposer looks at the socket's type.
-  check(::connect(u, reinterpret_cast<sockaddr*>(&self), length) == 0 &&
-            ::send(u, "u", 1, 0) == 1 && ::recv(u, &c, 1, 0) == 1,
+  check(::connect(u, reinterpret_cast<sockaddr*>(&own), length) == 0 && ::send(u, "u", 1, 0) == 1 &&
+            ::recv(u, &c, 1, 0) == 1,
         "udp connect");
   int p[2], pair[2];
   check(::pipe(p) == 0 && ::write(p[1], "p", 1) == 1, "pipe");
