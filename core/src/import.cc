@@ -330,10 +330,14 @@ void context::impl::send_revoke_ack(import_entry& imp) {
 }
 
 std::error_code context::impl::classify_failure(const import_entry& imp, std::error_code error) {
-  if (!error || error == errc::peer_gone) return error;
+  if (!error) return error;
   // A transport error is often the first sign of a dead peer (a reset tcp
   // connection); the control connection tells for sure, though its end of
-  // file may trail the fabric's reset by a moment: give it that moment.
+  // file may trail the fabric's reset by a moment: give it that moment. The
+  // fabric's own "gone" (a reset) is confirmed the same way, so that every
+  // later call to the peer fails at once too: a send_async after a failed
+  // send and fetch was posted to a killed exporter (CI, ASan: its control
+  // thread had not read the end yet).
   if (!imp.peer->alive || imp.peer->conn->closed_by_peer(std::chrono::milliseconds(200))) {
     peer_died(imp.peer, "a transfer failed and its control connection ended");
     return errc::peer_gone;
