@@ -15,6 +15,14 @@
 
 namespace vmmc::test {
 
+// State of a thread of this process from /proc ('R' running, 'S' sleeping ...).
+inline char thread_state(pid_t tid) {
+  std::ifstream stat("/proc/self/task/" + std::to_string(tid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  auto at = text.rfind(") ");
+  return at == std::string::npos ? '?' : text[at + 2];
+}
+
 class child_process {
  public:
   // `body` runs in the child and gets a write end for lines to the parent;
@@ -81,16 +89,14 @@ class child_process {
   // child's buffer timed out). So the fork waits, up to 2 s, for every other
   // thread of ours to sleep (a context's threads sleep in poll when idle).
   static void others_asleep() {
-    const std::string self = std::to_string(::gettid());
+    const pid_t self = ::gettid();
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
     for (;;) {
       bool all = true;
       for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
-        if (task.path().filename() == self) continue;
-        std::ifstream stat(task.path() / "stat");
-        std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-        const auto at = text.rfind(") ");
-        if (at != std::string::npos && text[at + 2] != 'S') all = false;
+        const pid_t tid = std::stoi(task.path().filename().string());
+        const char state = tid == self ? 'S' : thread_state(tid);
+        if (state != 'S' && state != '?') all = false;  // '?': it ended meanwhile
       }
       if (all || std::chrono::steady_clock::now() >= until) return;
       std::this_thread::sleep_for(std::chrono::milliseconds(1));

@@ -50,14 +50,6 @@ class Semantics : public api_test {
   socket_pair pair_;
 };
 
-// State of a thread from /proc ('R' running, 'S' sleeping ...).
-char thread_state(pid_t tid) {
-  std::ifstream stat("/proc/self/task/" + std::to_string(tid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-  auto at = text.rfind(") ");
-  return at == std::string::npos ? '?' : text[at + 2];
-}
-
 TEST_P(Semantics, BlockingReadReturnsWhatIsThereWithoutWaitingForMore) {
   EXPECT_EQ(wait_ready(io(), pair_.server, POLLIN, 0ms), 0) << "readable before any data";
   auto data = pattern(1, 100);
