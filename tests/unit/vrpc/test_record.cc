@@ -75,7 +75,8 @@ written_record write_record(const std::vector<item>& items) {
   ::shutdown(fds[0], SHUT_WR);
   std::string stream;
   written_record r;
-  std::vector<char> packet(4 << 20);
+  // One buffer for every record: 340 fresh 4 MiB ones took 30 s under TSan.
+  static std::vector<char> packet(4 << 20);
   while (true) {
     ssize_t n = ::recv(fds[1], packet.data(), packet.size(), 0);
     if (n <= 0) break;
