@@ -68,7 +68,7 @@ status context::impl::start(const context_options& options) {
   unix_listener = std::move(*unix_fd);
 
   // Same-host peers need no provider while the mapped path serves them:
-  // libfabric's start costs ~0.3 s and tens of MB (tcp), so on demand it
+  // libfabric's start costs ~0.3 s (its providers' libraries), so on demand it
   // waits for a peer on another host (or, the mapped path off, for the
   // first export or import: by then a layer that spans hosts has said
   // where other hosts reach us).

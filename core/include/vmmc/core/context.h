@@ -200,8 +200,8 @@ struct context_options {
   int mapped_path = -1;
   // Open the providers only when first needed (open_remote_paths(), an
   // import that cannot be mapped, or with the mapped path off the first
-  // export or address()) instead of at creation: libfabric's start costs ~0.3 s and, with
-  // tcp, tens of MB that a process meeting only same-host peers never uses.
+  // export or address()) instead of at creation: libfabric's start costs
+  // ~0.3 s that a process meeting only same-host peers never needs to pay.
   bool fabric_on_demand = false;
   // Prove and check "same user" to and from peers on other hosts with the
   // user key (VMMC_CORE_USER_KEY, default ~/.vmmc/user-key, made on first
