@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "core.h"
+#include "environment.h"
 
 namespace vmmc::core::detail::libfabric {
 
@@ -31,10 +32,9 @@ entry_points load_once() {
   // to, turns SIGSEGV/BUS/ILL/ABRT/INT/TERM into exit(1) plus a *.btr file
   // and resets them with rt_sigaction at exit (which a seccomp-sandboxed
   // child may not call). The last must stay set until exit. A user's own
-  // values win.
-  ::setenv("FI_TCP_NODELAY", "1", 0);
-  ::setenv("FI_OFI_RXM_ENABLE_PASSTHRU", "1", 0);
-  ::setenv("IPATH_NO_BACKTRACE", "1", 0);
+  // values win. (This runs at a context's first provider, maybe with the
+  // program's own threads running: no setenv().)
+  add_to_environment({"FI_TCP_NODELAY=1", "FI_OFI_RXM_ENABLE_PASSTHRU=1", "IPATH_NO_BACKTRACE=1"});
 
   signal_dispositions_kept kept;
   fabric_call call;  // descriptors a provider opens at load are close-on-exec

@@ -1,0 +1,31 @@
+#include "environment.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace vmmc::core::detail {
+
+void add_to_environment(std::initializer_list<const char*> assignments) {
+  std::vector<const char*> missing;
+  for (const char* assignment : assignments) {
+    const char* equals = std::strchr(assignment, '=');
+    if (!equals) continue;
+    if (!std::getenv(std::string(assignment, equals).c_str())) missing.push_back(assignment);
+  }
+  if (missing.empty()) return;
+  char** const old = environ;  // null after clearenv()
+  std::size_t count = 0;
+  while (old && old[count]) ++count;
+  auto** fresh = static_cast<char**>(std::malloc((count + missing.size() + 1) * sizeof(char*)));
+  if (!fresh) return;
+  for (std::size_t i = 0; i < count; ++i) fresh[i] = old[i];
+  for (std::size_t i = 0; i < missing.size(); ++i) fresh[count + i] = const_cast<char*>(missing[i]);
+  fresh[count + missing.size()] = nullptr;
+  environ = fresh;  // the old array stays as it was for readers that hold it
+}
+
+}  // namespace vmmc::core::detail
