@@ -9,6 +9,14 @@
 
 namespace vmmc::core::detail {
 
+namespace {
+// The last array published; each holds, after its terminator, the one
+// published before it. The program's own setenv() replaces environ with an
+// array of its own, and then these stay reachable from here: kept for
+// readers, not leaked (LeakSanitizer reported them).
+char** published = nullptr;
+}  // namespace
+
 void add_to_environment(std::initializer_list<const char*> assignments) {
   std::vector<const char*> missing;
   for (const char* assignment : assignments) {
@@ -20,11 +28,14 @@ void add_to_environment(std::initializer_list<const char*> assignments) {
   char** const old = environ;  // null after clearenv()
   std::size_t count = 0;
   while (old && old[count]) ++count;
-  auto** fresh = static_cast<char**>(std::malloc((count + missing.size() + 1) * sizeof(char*)));
+  const std::size_t end = count + missing.size();
+  auto** fresh = static_cast<char**>(std::malloc((end + 2) * sizeof(char*)));
   if (!fresh) return;
   for (std::size_t i = 0; i < count; ++i) fresh[i] = old[i];
   for (std::size_t i = 0; i < missing.size(); ++i) fresh[count + i] = const_cast<char*>(missing[i]);
-  fresh[count + missing.size()] = nullptr;
+  fresh[end] = nullptr;
+  fresh[end + 1] = reinterpret_cast<char*>(published);  // past the terminator: no reader sees it
+  published = fresh;
   environ = fresh;  // the old array stays as it was for readers that hold it
 }
 

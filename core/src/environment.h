@@ -10,7 +10,8 @@ namespace vmmc::core::detail {
 // wins). Unlike setenv(), which may move the environment to a larger array
 // and free the old one while a getenv() in another thread still reads it,
 // this publishes a new array and never frees the old one (a few pointers,
-// once per process). The strings must live until exit.
+// once per process). The strings must live until exit. Not thread-safe
+// against itself (core calls it once, when libfabric loads).
 void add_to_environment(std::initializer_list<const char*> assignments);
 
 }  // namespace vmmc::core::detail
