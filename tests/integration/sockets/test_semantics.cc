@@ -11,7 +11,6 @@
 #include <sys/syscall.h>
 
 #include <atomic>
-#include <fstream>
 #include <set>
 #include <thread>
 
